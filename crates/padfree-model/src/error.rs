@@ -1,0 +1,83 @@
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Everything loading, validating or running a model can refuse.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `config.json` is not valid JSON or lacks a field.
+    #[error(
+        "{path}: {message}\nHINT: config.json must be a Hugging Face LlamaForCausalLM or MistralForCausalLM config"
+    )]
+    ConfigParse {
+        /// The file.
+        path: PathBuf,
+        /// What serde said, with line and column.
+        message: String,
+    },
+    /// A configuration value that this model cannot run.
+    #[error("config field `{field}`: {message}\nHINT: {hint}")]
+    Config {
+        /// The field of `config.json` (or preset) at fault.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// A weight file whose tensors do not match the config.
+    #[error("{path}: tensor `{tensor}`: {message}\nHINT: {hint}")]
+    Weights {
+        /// The weight file.
+        path: PathBuf,
+        /// The HF name of the tensor.
+        tensor: String,
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// A weight file that is not readable as its format.
+    #[error("{path}: {message}\nHINT: {hint}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// A token id at or beyond the vocabulary size.
+    #[error(
+        "token {index} of the batch has id {id}, outside the vocabulary of {vocab_size}\nHINT: the tokenizer does not match the model; use the model's own tokenizer"
+    )]
+    TokenOutOfVocab {
+        /// Token index in the (flattened or padded) batch.
+        index: usize,
+        /// The id.
+        id: u64,
+        /// The model's vocabulary size.
+        vocab_size: usize,
+    },
+    /// A batch whose shape the model cannot take.
+    #[error("{0}")]
+    Batch(String),
+}
+
+impl ModelError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Hugging Face weights: `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json`, with HF tensor names.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::config::LlamaConfig;
+use crate::error::ModelError;
+use crate::model::LlamaModel;
+use crate::tensor::{Device, IntoHostVec};
+
+const SINGLE_FILE: &str = "model.safetensors";
+const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// The raw bytes of every weight file of a checkpoint, and which file holds
+/// which tensor.
+struct Checkpoint {
+    files: Vec<(PathBuf, Vec<u8>)>,
+    /// Tensor name -> index into `files`.
+    location: HashMap<String, usize>,
+}
+
+impl Checkpoint {
+    fn open(dir: &Path) -> Result<Self, ModelError> {
+        let index_path = dir.join(INDEX_FILE);
+        let shard_names: Vec<String> = if index_path.exists() {
+            shard_names(&index_path)?
+        } else {
+            vec![SINGLE_FILE.to_owned()]
+        };
+        let mut files = Vec::new();
+        let mut location = HashMap::new();
+        for (file_index, name) in shard_names.iter().enumerate() {
+            let path = dir.join(name);
+            let bytes = std::fs::read(&path).map_err(|err| ModelError::io(&path, err))?;
+            let names = SafeTensors::read_metadata(&bytes)
+                .map_err(|err| format_error(&path, err))?
+                .1
+                .tensors()
+                .into_keys()
+                .collect::<Vec<_>>();
+            for tensor in names {
+                location.insert(tensor, file_index);
+            }
+            files.push((path, bytes));
+        }
+        Ok(Self { files, location })
+    }
+
+    /// The tensor `name` as f32, checked against `shape`.
+    fn read(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let missing = || ModelError::Weights {
+            path: self
+                .files
+                .first()
+                .map(|(p, _)| p.clone())
+                .unwrap_or_default(),
+            tensor: name.to_owned(),
+            message: "is missing".to_owned(),
+            hint: "the checkpoint does not match config.json; use the config.json saved with these weights",
+        };
+        let file_index = *self.location.get(name).ok_or_else(missing)?;
+        let (path, bytes) = &self.files[file_index];
+        let tensors = SafeTensors::deserialize(bytes).map_err(|err| format_error(path, err))?;
+        let view = tensors.tensor(name).map_err(|_| missing())?;
+        if view.shape() != shape {
+            return Err(ModelError::Weights {
+                path: path.clone(),
+                tensor: name.to_owned(),
+                message: format!("has shape {:?}, the config needs {shape:?}", view.shape()),
+                hint: "the checkpoint does not match config.json; use the config.json saved with these weights",
+            });
+        }
+        to_f32(view.dtype(), view.data()).ok_or_else(|| ModelError::Weights {
+            path: path.clone(),
+            tensor: name.to_owned(),
+            message: format!("has dtype {:?}", view.dtype()),
+            hint: "padfree reads F32, F16 and BF16 weights; convert the checkpoint first",
+        })
+    }
+}
+
+fn shard_names(index_path: &Path) -> Result<Vec<String>, ModelError> {
+    let text =
+        std::fs::read_to_string(index_path).map_err(|err| ModelError::io(index_path, err))?;
+    let index: serde_json::Value =
+        serde_json::from_str(&text).map_err(|err| ModelError::Format {
+            path: index_path.to_owned(),
+            message: err.to_string(),
+            hint: "the index must be the JSON transformers writes for sharded checkpoints",
+        })?;
+    let map = index
+        .get("weight_map")
+        .and_then(serde_json::Value::as_object)
+        .ok_or_else(|| ModelError::Format {
+            path: index_path.to_owned(),
+            message: "has no `weight_map` object".to_owned(),
+            hint: "the index must be the JSON transformers writes for sharded checkpoints",
+        })?;
+    let mut names: Vec<String> = map
+        .values()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+fn format_error(path: &Path, err: safetensors::SafeTensorError) -> ModelError {
+    ModelError::Format {
+        path: path.to_owned(),
+        message: format!("not a valid safetensors file: {err}"),
+        hint: "the file may be truncated or not a safetensors file; download or save it again",
+    }
+}
+
+fn to_f32(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
+    let words = |size: usize| data.chunks_exact(size);
+    match dtype {
+        Dtype::F32 => Some(
+            words(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ),
+        Dtype::F16 => Some(
+            words(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        ),
+        Dtype::BF16 => Some(
+            words(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+impl LlamaModel {
+    /// Loads a Hugging Face model directory: `config.json` plus
+    /// `model.safetensors` or the shards of `model.safetensors.index.json`.
+    pub fn from_hf_dir(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+        let config = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
+        Self::from_safetensors(&config, dir, device)
+    }
+
+    /// Loads weights for `config` from the safetensors file(s) in `dir`.
+    pub fn from_safetensors(
+        config: &LlamaConfig,
+        dir: &Path,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let checkpoint = Checkpoint::open(dir)?;
+        Self::build(config, device, |name, shape| checkpoint.read(name, shape))
+    }
+
+    /// Writes `config.json` and `model.safetensors` (f32) into `dir`, each to
+    /// a temporary file first and renamed into place, so an interrupted save
+    /// never leaves a half-written file under the final name.
+    pub fn save_hf_dir(&self, dir: &Path) -> Result<(), ModelError> {
+        std::fs::create_dir_all(dir).map_err(|err| ModelError::io(dir, err))?;
+        let config = serde_json::to_vec_pretty(&self.config().to_hf_json()).unwrap_or_default();
+        write_atomically(&dir.join("config.json"), &config)?;
+
+        let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = self
+            .params()
+            .into_iter()
+            .map(|p| {
+                let bytes = p
+                    .value
+                    .clone()
+                    .into_vec()
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
+                (p.name().to_owned(), p.hf_shape().to_vec(), bytes)
+            })
+            .collect();
+        let views: BTreeMap<&str, TensorView<'_>> = tensors
+            .iter()
+            .map(|(name, shape, bytes)| {
+                let view = TensorView::new(Dtype::F32, shape.clone(), bytes).map_err(|err| {
+                    ModelError::Format {
+                        path: dir.join(SINGLE_FILE),
+                        message: format!("tensor `{name}`: {err}"),
+                        hint: "this is a bug in padfree; please report it",
+                    }
+                })?;
+                Ok((name.as_str(), view))
+            })
+            .collect::<Result<_, ModelError>>()?;
+        let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
+        let bytes =
+            safetensors::serialize(views, Some(metadata)).map_err(|err| ModelError::Format {
+                path: dir.join(SINGLE_FILE),
+                message: err.to_string(),
+                hint: "this is a bug in padfree; please report it",
+            })?;
+        write_atomically(&dir.join(SINGLE_FILE), &bytes)
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
+    std::fs::write(&temp, bytes).map_err(|err| ModelError::io(&temp, err))?;
+    std::fs::rename(&temp, path).map_err(|err| ModelError::io(path, err))
+}

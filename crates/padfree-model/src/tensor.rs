@@ -1,0 +1,139 @@
+//! The one place that touches burn's tensor API beyond plain arithmetic.
+//!
+//! burn breaks its API between releases (0.22 moved from backend-generic
+//! tensors to device dispatch); every call that is likely to move lives here,
+//! so an upgrade changes this file and not the model.
+
+pub use burn::tensor::{Bool, Device, Gradients, Int, Tensor, TensorData};
+
+/// The CPU device (burn's Flex backend), with autodiff when `autodiff` is set.
+pub fn cpu_device(autodiff: bool) -> Device {
+    let device = Device::flex();
+    if autodiff { device.autodiff() } else { device }
+}
+
+/// A float tensor from host values in row-major order.
+pub fn float_tensor<const D: usize>(
+    values: Vec<f32>,
+    shape: [usize; D],
+    device: &Device,
+) -> Tensor<D> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+/// An int tensor of token ids or indices.
+pub fn int_tensor(values: &[u32], device: &Device) -> Tensor<1, Int> {
+    let values: Vec<i64> = values.iter().map(|&v| i64::from(v)).collect();
+    let len = values.len();
+    Tensor::from_data(TensorData::new(values, [len]), device)
+}
+
+/// An int tensor of arbitrary shape.
+pub fn int_tensor_nd<const D: usize>(
+    values: Vec<i64>,
+    shape: [usize; D],
+    device: &Device,
+) -> Tensor<D, Int> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+/// A boolean tensor (true = masked out).
+pub fn bool_tensor<const D: usize>(
+    values: Vec<bool>,
+    shape: [usize; D],
+    device: &Device,
+) -> Tensor<D, Bool> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+/// Values of a float tensor of any rank, row-major.
+pub trait IntoHostVec {
+    /// Copies the values to the host as f32.
+    fn into_vec(self) -> Vec<f32>;
+}
+
+impl<const D: usize> IntoHostVec for Tensor<D> {
+    fn into_vec(self) -> Vec<f32> {
+        self.into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap_or_default()
+    }
+}
+
+/// `x @ weight^T`: a linear layer with HF's `[out, in]` weight layout.
+pub fn linear(x: Tensor<2>, weight: &Tensor<2>) -> Tensor<2> {
+    x.matmul(weight.clone().transpose())
+}
+
+/// Softmax over the last dimension.
+pub fn softmax_last<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    burn::tensor::activation::softmax(x, D - 1)
+}
+
+/// `x * sigmoid(x)`.
+pub fn silu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    burn::tensor::activation::silu(x)
+}
+
+/// Rows of `table` at `indices`: `[N, C]` from `[V, C]`.
+pub fn select_rows(table: &Tensor<2>, indices: Tensor<1, Int>) -> Tensor<2> {
+    table.clone().select(0, indices)
+}
+
+/// `values[n, indices[n]]` for every row: `[N]` from `[N, V]`.
+pub fn gather_columns(values: Tensor<2>, indices: Tensor<1, Int>) -> Tensor<1> {
+    let rows = indices.dims()[0];
+    values.gather(1, indices.reshape([rows, 1])).reshape([rows])
+}
+
+/// Sets masked elements (true) to `value`.
+pub fn mask_fill<const D: usize>(x: Tensor<D>, mask: Tensor<D, Bool>, value: f32) -> Tensor<D> {
+    x.mask_fill(mask, value)
+}
+
+/// Concatenates along `dim`.
+pub fn cat<const D: usize>(parts: Vec<Tensor<D>>, dim: usize) -> Tensor<D> {
+    Tensor::cat(parts, dim)
+}
+
+/// `length` entries of `dim` from `start`.
+pub fn narrow<const D: usize>(x: Tensor<D>, dim: usize, start: usize, length: usize) -> Tensor<D> {
+    x.narrow(dim, start, length)
+}
+
+/// A leaf whose gradient is kept by `backward`.
+pub fn trainable<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    x.require_grad()
+}
+
+/// Gradients of everything reachable from a scalar.
+pub fn backward(loss: &Tensor<1>) -> Gradients {
+    loss.backward()
+}
+
+/// The gradient of a leaf, if it has one.
+pub fn grad<const D: usize>(leaf: &Tensor<D>, grads: &Gradients) -> Option<Tensor<D>> {
+    leaf.grad(grads)
+}
+
+/// `[1, 1, len, len]`, true where key `j` lies in the future of query `i`
+/// (`j > i`). burn's `tril_mask` marks everything outside the lower triangle.
+pub fn causal_mask(len: usize, device: &Device) -> Tensor<4, Bool> {
+    Tensor::<4, Bool>::tril_mask([1, 1, len, len], 0, device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causal_mask_hides_exactly_the_future() {
+        let mask = causal_mask(3, &cpu_device(false));
+        let values = mask.into_data().try_to_vec::<bool>().unwrap_or_default();
+        assert_eq!(
+            values,
+            vec![false, true, true, false, false, true, false, false, false]
+        );
+    }
+}

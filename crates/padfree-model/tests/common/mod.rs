@@ -1,0 +1,81 @@
+//! Helpers shared by the model's integration tests.
+#![allow(dead_code)]
+
+use padfree_model::tensor::{Gradients, IntoHostVec, Tensor, backward, cpu_device, grad};
+use padfree_model::{LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
+use padfree_pack::{Example, SplitMix64};
+
+/// Examples of the given lengths with pseudo-random ids below `vocab`, some
+/// labels ignored (as a prompt would be) so masking is exercised too.
+pub fn examples(lengths: &[usize], vocab: u32, seed: u64) -> Vec<Example> {
+    let mut rng = SplitMix64::new(seed);
+    lengths
+        .iter()
+        .map(|&len| {
+            let ids: Vec<u32> = (0..len)
+                .map(|_| rng.below(u64::from(vocab)) as u32)
+                .collect();
+            let prompt = len / 3;
+            let labels = ids
+                .iter()
+                .enumerate()
+                .map(|(t, &id)| if t < prompt { -100 } else { i64::from(id) })
+                .collect();
+            Example::new(ids, labels).expect("valid example")
+        })
+        .collect()
+}
+
+/// The model on an autodiff device.
+pub fn trainable_model(config: &LlamaConfig, seed: u64) -> LlamaModel {
+    LlamaModel::init(config, seed, &cpu_device(true)).expect("valid config")
+}
+
+/// Loss sum, its label-token count and the gradients of the sum.
+pub fn loss_and_grads(model: &LlamaModel, input: &ModelInput<'_>) -> (f32, usize, Gradients) {
+    let logits = model.forward(input).expect("forward");
+    let loss = causal_lm_loss(logits, &input.targets()).expect("loss");
+    let value = loss.sum.clone().into_vec()[0];
+    let grads = backward(&loss.sum);
+    (value, loss.num_tokens, grads)
+}
+
+/// Every parameter's gradient, by HF name.
+pub fn param_grads(model: &LlamaModel, grads: &Gradients) -> Vec<(String, Vec<f32>)> {
+    model
+        .params()
+        .into_iter()
+        .map(|p| {
+            let g = grad(&p.value, grads)
+                .map(IntoHostVec::into_vec)
+                .unwrap_or_else(|| vec![0.0; p.numel()]);
+            (p.name().to_owned(), g)
+        })
+        .collect()
+}
+
+/// Largest absolute difference and largest magnitude of the reference.
+pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    let scale = b.iter().map(|y| y.abs()).fold(0.0, f32::max);
+    (diff, scale)
+}
+
+/// Asserts `|a - b| <= atol + rtol * max|b|` elementwise, naming `what`.
+pub fn assert_close(what: &str, a: &[f32], b: &[f32], atol: f32, rtol: f32) {
+    let (diff, scale) = max_diff(a, b);
+    assert!(
+        diff <= atol + rtol * scale,
+        "{what}: max abs diff {diff:e} exceeds {atol:e} + {rtol:e} * {scale:e}"
+    );
+}
+
+/// Host copy of a tensor.
+pub fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_vec()
+}

@@ -1,0 +1,219 @@
+//! Safetensors round trips (single file, shards, f16/bf16) and the errors a
+//! mismatched or broken checkpoint gets.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::host;
+use padfree_model::tensor::cpu_device;
+use padfree_model::{LlamaConfig, LlamaModel, ModelError, ModelInput};
+use padfree_pack::flatten;
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("padfree-weights-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Every parameter of a model as (name, shape, f32 values).
+fn tensors_of(model: &LlamaModel) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    model
+        .params()
+        .into_iter()
+        .map(|p| {
+            (
+                p.name().to_owned(),
+                p.hf_shape().to_vec(),
+                host(p.value.clone()),
+            )
+        })
+        .collect()
+}
+
+/// Writes tensors to a safetensors file in `dtype` (F32, F16 or BF16).
+fn write_file(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)], dtype: Dtype) {
+    let encoded: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(name, shape, values)| {
+            let bytes = values
+                .iter()
+                .flat_map(|&v| match dtype {
+                    Dtype::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+                    Dtype::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+                    _ => v.to_le_bytes().to_vec(),
+                })
+                .collect();
+            (name.clone(), shape.clone(), bytes)
+        })
+        .collect();
+    let views: BTreeMap<&str, TensorView<'_>> = encoded
+        .iter()
+        .map(|(name, shape, bytes)| {
+            (
+                name.as_str(),
+                TensorView::new(dtype, shape.clone(), bytes).expect("valid view"),
+            )
+        })
+        .collect();
+    std::fs::write(
+        path,
+        safetensors::serialize(views, None).expect("serializes"),
+    )
+    .expect("writes");
+}
+
+#[test]
+fn save_then_load_gives_the_same_model() {
+    let dir = temp_dir("roundtrip");
+    let config = LlamaConfig::tiny();
+    let model = LlamaModel::init(&config, 4, &cpu_device(false)).expect("valid config");
+    model.save_hf_dir(&dir).expect("saves");
+    let loaded = LlamaModel::from_hf_dir(&dir, &cpu_device(false)).expect("loads");
+    assert_eq!(loaded.config(), &config);
+    assert_eq!(tensors_of(&loaded), tensors_of(&model));
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .expect("lists")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left behind");
+}
+
+#[test]
+fn reads_half_precision_and_sharded_checkpoints() {
+    let config = LlamaConfig::tiny();
+    let model = LlamaModel::init(&config, 5, &cpu_device(false)).expect("valid config");
+    let tensors = tensors_of(&model);
+    for dtype in [Dtype::F16, Dtype::BF16] {
+        let dir = temp_dir(&format!("{dtype:?}"));
+        write_file(&dir.join("model.safetensors"), &tensors, dtype);
+        let loaded =
+            LlamaModel::from_safetensors(&config, &dir, &cpu_device(false)).expect("loads");
+        for ((name, _, want), (_, _, got)) in tensors.iter().zip(tensors_of(&loaded)) {
+            for (w, g) in want.iter().zip(&got) {
+                let rounded = match dtype {
+                    Dtype::F16 => half::f16::from_f32(*w).to_f32(),
+                    _ => half::bf16::from_f32(*w).to_f32(),
+                };
+                assert_eq!(*g, rounded, "{name} in {dtype:?}");
+            }
+        }
+    }
+
+    let dir = temp_dir("sharded");
+    let (first, second) = tensors.split_at(tensors.len() / 2);
+    write_file(
+        &dir.join("model-00001-of-00002.safetensors"),
+        first,
+        Dtype::F32,
+    );
+    write_file(
+        &dir.join("model-00002-of-00002.safetensors"),
+        second,
+        Dtype::F32,
+    );
+    let weight_map: serde_json::Map<String, serde_json::Value> = first
+        .iter()
+        .map(|t| (t.0.clone(), "model-00001-of-00002.safetensors".into()))
+        .chain(
+            second
+                .iter()
+                .map(|t| (t.0.clone(), "model-00002-of-00002.safetensors".into())),
+        )
+        .collect();
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).expect("writes");
+    let loaded =
+        LlamaModel::from_safetensors(&config, &dir, &cpu_device(false)).expect("loads shards");
+    assert_eq!(tensors_of(&loaded), tensors);
+}
+
+#[test]
+fn a_missing_tensor_is_named() {
+    let config = LlamaConfig::tiny();
+    let model = LlamaModel::init(&config, 6, &cpu_device(false)).expect("valid config");
+    let mut tensors = tensors_of(&model);
+    tensors.retain(|t| t.0 != "model.layers.1.mlp.up_proj.weight");
+    let dir = temp_dir("missing");
+    write_file(&dir.join("model.safetensors"), &tensors, Dtype::F32);
+    match LlamaModel::from_safetensors(&config, &dir, &cpu_device(false)) {
+        Err(err @ ModelError::Weights { .. }) => {
+            let message = err.to_string();
+            assert!(
+                message.contains("model.layers.1.mlp.up_proj.weight")
+                    && message.contains("missing"),
+                "{message}"
+            );
+        }
+        other => panic!("expected a weights error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_misshaped_tensor_is_named_with_both_shapes() {
+    let dir = temp_dir("misshaped");
+    let config = LlamaConfig::tiny();
+    LlamaModel::init(&config, 6, &cpu_device(false))
+        .expect("valid")
+        .save_hf_dir(&dir)
+        .expect("saves");
+    let wider = LlamaConfig {
+        intermediate_size: 96,
+        ..config
+    };
+    let err =
+        LlamaModel::from_safetensors(&wider, &dir, &cpu_device(false)).expect_err("shapes differ");
+    let message = err.to_string();
+    assert!(
+        message.contains("model.layers.0.mlp.gate_proj.weight")
+            && message.contains("[128, 64]")
+            && message.contains("[96, 64]"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_truncated_file_and_a_bad_config_are_reported_with_their_path() {
+    let dir = temp_dir("broken");
+    LlamaModel::init(&LlamaConfig::tiny(), 6, &cpu_device(false))
+        .expect("valid")
+        .save_hf_dir(&dir)
+        .expect("saves");
+    let file = dir.join("model.safetensors");
+    let bytes = std::fs::read(&file).expect("reads");
+    std::fs::write(&file, &bytes[..bytes.len() / 2]).expect("truncates");
+    let err = LlamaModel::from_hf_dir(&dir, &cpu_device(false)).expect_err("truncated");
+    assert!(matches!(err, ModelError::Format { .. }), "{err}");
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
+
+    std::fs::write(
+        dir.join("config.json"),
+        "{ \"vocab_size\": 12,\n \"hidden_size\": }",
+    )
+    .expect("writes");
+    let err = LlamaModel::from_hf_dir(&dir, &cpu_device(false)).expect_err("bad json");
+    assert!(
+        err.to_string().contains("config.json") && err.to_string().contains("line 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn token_ids_outside_the_vocabulary_are_refused() {
+    let model = LlamaModel::init(&LlamaConfig::tiny(), 6, &cpu_device(false)).expect("valid");
+    let examples = vec![padfree_pack::Example::causal(vec![1, 2, 500]).expect("valid")];
+    let batch = flatten(&examples).expect("flattens");
+    match model.forward(&ModelInput::Varlen(&batch)) {
+        Err(ModelError::TokenOutOfVocab {
+            index: 2,
+            id: 500,
+            vocab_size: 128,
+        }) => {}
+        other => panic!("expected an out-of-vocabulary error, got {other:?}"),
+    }
+}
