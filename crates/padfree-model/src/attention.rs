@@ -1,16 +1,54 @@
+use std::collections::BTreeMap;
+
 use padfree_pack::BatchMeta;
 
 use crate::error::ModelError;
 use crate::param::Param;
 use crate::rope::Rope;
-use crate::tensor::{Bool, Tensor, cat, causal_mask, linear, mask_fill, narrow, softmax_last};
+use crate::tensor::{
+    Bool, Device, Tensor, cat, causal_mask, linear, mask_fill, narrow, softmax_last,
+};
+
+/// A causal mask (`[1, 1, len, len]`) for every distinct example length of a
+/// batch, built once per forward pass and shared by every layer.
+#[derive(Debug, Clone)]
+pub struct CausalMasks {
+    by_len: BTreeMap<usize, Tensor<4, Bool>>,
+}
+
+impl CausalMasks {
+    /// Masks for examples of these lengths.
+    pub fn new(lengths: impl IntoIterator<Item = usize>, device: &Device) -> Self {
+        let mut by_len = BTreeMap::new();
+        for len in lengths {
+            by_len
+                .entry(len)
+                .or_insert_with(|| causal_mask(len, device));
+        }
+        Self { by_len }
+    }
+
+    /// The mask of an example of `len` tokens (built on demand if the batch
+    /// did not announce that length).
+    fn get(&self, len: usize, device: &Device) -> Tensor<4, Bool> {
+        self.by_len
+            .get(&len)
+            .cloned()
+            .unwrap_or_else(|| causal_mask(len, device))
+    }
+}
 
 /// How the rows of a forward pass are grouped into sequences that may attend
 /// to each other. Built once per forward pass and handed to every layer.
 #[derive(Debug, Clone)]
 pub enum AttentionLayout<'a> {
     /// One flattened row; the collator's boundaries keep each example to itself.
-    Varlen(&'a BatchMeta),
+    Varlen {
+        /// The collator's boundaries.
+        meta: &'a BatchMeta,
+        /// Causal masks of the batch's example lengths.
+        masks: &'a CausalMasks,
+    },
     /// One flattened row; every layer derives the boundaries from the
     /// `position_ids` itself (the reference system's slower variant, kept to
     /// measure what computing them once saves).
@@ -62,11 +100,13 @@ impl Attention {
         let k = rope.apply(linear(x.clone(), &self.k_proj.value).reshape([n, hkv, d]));
         let v = linear(x, &self.v_proj.value).reshape([n, hkv, d]);
         let context = match layout {
-            AttentionLayout::Varlen(meta) => self.varlen(q, k, v, meta),
+            AttentionLayout::Varlen { meta, masks } => self.varlen(q, k, v, meta, masks),
             AttentionLayout::VarlenPerLayer(position_ids) => {
+                // Everything the collator would have handed over, derived again here.
                 let meta = BatchMeta::derive_from_position_ids(position_ids)
                     .map_err(|err| ModelError::Batch(format!("position_ids: {err}")))?;
-                self.varlen(q, k, v, &meta)
+                let masks = CausalMasks::new(meta.seq_lens(), &q.device());
+                self.varlen(q, k, v, &meta, &masks)
             }
             AttentionLayout::Padded {
                 batch_size,
@@ -81,7 +121,14 @@ impl Attention {
     /// example, so the work is the sum of squared lengths, not `T^2`.
     ///
     /// `q`: `[T, H, D]`, `k`, `v`: `[T, Hkv, D]` -> `[T, H * D]`.
-    fn varlen(&self, q: Tensor<3>, k: Tensor<3>, v: Tensor<3>, meta: &BatchMeta) -> Tensor<2> {
+    fn varlen(
+        &self,
+        q: Tensor<3>,
+        k: Tensor<3>,
+        v: Tensor<3>,
+        meta: &BatchMeta,
+        masks: &CausalMasks,
+    ) -> Tensor<2> {
         let total = q.dims()[0];
         let device = q.device();
         let outputs: Vec<Tensor<3>> = meta
@@ -93,8 +140,7 @@ impl Attention {
                         .swap_dims(0, 1)
                         .unsqueeze_dim::<4>(0)
                 };
-                let causal = causal_mask(len, &device);
-                let out = self.core(rows(&q), rows(&k), rows(&v), causal);
+                let out = self.core(rows(&q), rows(&k), rows(&v), masks.get(len, &device));
                 // [1, H, len, D] -> [len, H, D]
                 out.squeeze_dim::<3>(0).swap_dims(0, 1)
             })

@@ -30,7 +30,7 @@ mod rope;
 mod safetensors_io;
 pub mod tensor;
 
-pub use attention::AttentionLayout;
+pub use attention::{AttentionLayout, CausalMasks};
 pub use config::LlamaConfig;
 pub use error::ModelError;
 pub use gguf_tokenizer::tokenizer_from_gguf;

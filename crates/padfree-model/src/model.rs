@@ -1,6 +1,6 @@
 use padfree_pack::{PackedBatch, PaddedBatch, SplitMix64};
 
-use crate::attention::{Attention, AttentionLayout};
+use crate::attention::{Attention, AttentionLayout, CausalMasks};
 use crate::config::LlamaConfig;
 use crate::decoder::DecoderLayer;
 use crate::embedding::Embedding;
@@ -239,8 +239,15 @@ impl LlamaModel {
             self.config.rope_theta,
             &self.device,
         );
+        let masks;
         let layout = match input {
-            ModelInput::Varlen(batch) => AttentionLayout::Varlen(batch.meta()),
+            ModelInput::Varlen(batch) => {
+                masks = CausalMasks::new(batch.meta().seq_lens(), &self.device);
+                AttentionLayout::Varlen {
+                    meta: batch.meta(),
+                    masks: &masks,
+                }
+            }
             ModelInput::VarlenPerLayer(batch) => {
                 AttentionLayout::VarlenPerLayer(batch.position_ids())
             }

@@ -15,70 +15,67 @@ use crate::tensor::{Device, IntoHostVec};
 const SINGLE_FILE: &str = "model.safetensors";
 const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// The raw bytes of every weight file of a checkpoint, and which file holds
-/// which tensor.
-struct Checkpoint {
-    files: Vec<(PathBuf, Vec<u8>)>,
+/// Every weight file of a checkpoint, parsed once, and which file holds which
+/// tensor.
+struct Checkpoint<'a> {
+    files: Vec<(&'a Path, SafeTensors<'a>)>,
     /// Tensor name -> index into `files`.
     location: HashMap<String, usize>,
 }
 
-impl Checkpoint {
-    fn open(dir: &Path) -> Result<Self, ModelError> {
-        let index_path = dir.join(INDEX_FILE);
-        let shard_names: Vec<String> = if index_path.exists() {
-            shard_names(&index_path)?
-        } else {
-            vec![SINGLE_FILE.to_owned()]
-        };
-        let mut files = Vec::new();
+/// The paths of a checkpoint's weight files: the shards of the index, or the single file.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index_path = dir.join(INDEX_FILE);
+    let names = if index_path.exists() {
+        shard_names(&index_path)?
+    } else {
+        vec![SINGLE_FILE.to_owned()]
+    };
+    Ok(names.iter().map(|name| dir.join(name)).collect())
+}
+
+impl<'a> Checkpoint<'a> {
+    fn parse(files: &'a [(PathBuf, Vec<u8>)]) -> Result<Self, ModelError> {
+        let mut parsed = Vec::with_capacity(files.len());
         let mut location = HashMap::new();
-        for (file_index, name) in shard_names.iter().enumerate() {
-            let path = dir.join(name);
-            let bytes = std::fs::read(&path).map_err(|err| ModelError::io(&path, err))?;
-            let names = SafeTensors::read_metadata(&bytes)
-                .map_err(|err| format_error(&path, err))?
-                .1
-                .tensors()
-                .into_keys()
-                .collect::<Vec<_>>();
-            for tensor in names {
-                location.insert(tensor, file_index);
+        for (file_index, (path, bytes)) in files.iter().enumerate() {
+            let tensors = SafeTensors::deserialize(bytes).map_err(|err| format_error(path, err))?;
+            for name in tensors.names() {
+                location.insert(name.to_owned(), file_index);
             }
-            files.push((path, bytes));
+            parsed.push((path.as_path(), tensors));
         }
-        Ok(Self { files, location })
+        Ok(Self {
+            files: parsed,
+            location,
+        })
     }
 
     /// The tensor `name` as f32, checked against `shape`.
     fn read(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        let missing = || ModelError::Weights {
-            path: self
-                .files
-                .first()
-                .map(|(p, _)| p.clone())
-                .unwrap_or_default(),
+        let mismatch = |path: &Path, message: String, hint: &'static str| ModelError::Weights {
+            path: path.to_owned(),
             tensor: name.to_owned(),
-            message: "is missing".to_owned(),
-            hint: "the checkpoint does not match config.json; use the config.json saved with these weights",
+            message,
+            hint,
         };
-        let file_index = *self.location.get(name).ok_or_else(missing)?;
-        let (path, bytes) = &self.files[file_index];
-        let tensors = SafeTensors::deserialize(bytes).map_err(|err| format_error(path, err))?;
-        let view = tensors.tensor(name).map_err(|_| missing())?;
+        const WRONG_CONFIG: &str = "the checkpoint does not match config.json; use the config.json saved with these weights";
+        let first = self.files.first().map_or(Path::new(""), |(path, _)| path);
+        let missing = |path: &Path| mismatch(path, "is missing".to_owned(), WRONG_CONFIG);
+        let file_index = *self.location.get(name).ok_or_else(|| missing(first))?;
+        let (path, tensors) = &self.files[file_index];
+        let view = tensors.tensor(name).map_err(|_| missing(path))?;
         if view.shape() != shape {
-            return Err(ModelError::Weights {
-                path: path.clone(),
-                tensor: name.to_owned(),
-                message: format!("has shape {:?}, the config needs {shape:?}", view.shape()),
-                hint: "the checkpoint does not match config.json; use the config.json saved with these weights",
-            });
+            let message = format!("has shape {:?}, the config needs {shape:?}", view.shape());
+            return Err(mismatch(path, message, WRONG_CONFIG));
         }
-        to_f32(view.dtype(), view.data()).ok_or_else(|| ModelError::Weights {
-            path: path.clone(),
-            tensor: name.to_owned(),
-            message: format!("has dtype {:?}", view.dtype()),
-            hint: "padfree reads F32, F16 and BF16 weights; convert the checkpoint first",
+        to_f32(view.dtype(), view.data()).ok_or_else(|| {
+            let message = format!("has dtype {:?}", view.dtype());
+            mismatch(
+                path,
+                message,
+                "padfree reads F32, F16 and BF16 weights; convert the checkpoint first",
+            )
         })
     }
 }
@@ -153,7 +150,15 @@ impl LlamaModel {
         dir: &Path,
         device: &Device,
     ) -> Result<Self, ModelError> {
-        let checkpoint = Checkpoint::open(dir)?;
+        let files = weight_files(dir)?
+            .into_iter()
+            .map(|path| {
+                std::fs::read(&path)
+                    .map(|bytes| (path.clone(), bytes))
+                    .map_err(|err| ModelError::io(&path, err))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let checkpoint = Checkpoint::parse(&files)?;
         Self::build(config, device, |name, shape| checkpoint.read(name, shape))
     }
 
