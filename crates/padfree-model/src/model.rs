@@ -86,7 +86,7 @@ impl LlamaModel {
                 return Ok(vec![1.0; numel]);
             }
             Ok((0..numel)
-                .map(|_| std * standard_normal(&mut rng))
+                .map(|_| std * rng.standard_normal() as f32)
                 .collect())
         })
     }
@@ -308,12 +308,4 @@ fn padded_mask(batch: &PaddedBatch, device: &Device) -> Tensor<4, Bool> {
         }
     }
     bool_tensor(mask, [b, 1, l, l], device)
-}
-
-/// Box-Muller on two uniforms in (0, 1].
-fn standard_normal(rng: &mut SplitMix64) -> f32 {
-    let uniform =
-        |rng: &mut SplitMix64| ((rng.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-    let (u1, u2) = (uniform(rng), uniform(rng));
-    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
 }

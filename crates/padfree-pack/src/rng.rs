@@ -36,6 +36,13 @@ impl SplitMix64 {
         }
     }
 
+    /// A standard normal sample (Box-Muller on two uniforms in (0, 1]).
+    pub fn standard_normal(&mut self) -> f64 {
+        let mut uniform = || ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let (u1, u2) = (uniform(), uniform());
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+
     /// Fisher-Yates shuffle in place.
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
@@ -68,6 +75,18 @@ mod tests {
         let mut sorted = a.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn standard_normal_has_mean_zero_and_variance_one() {
+        let mut rng = SplitMix64::new(11);
+        let samples: Vec<f64> = (0..100_000).map(|_| rng.standard_normal()).collect();
+        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        let variance =
+            samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / samples.len() as f64;
+        // Standard errors at 100k samples: 0.003 for the mean, 0.0045 for the variance.
+        assert!(mean.abs() < 0.015, "mean {mean}");
+        assert!((variance - 1.0).abs() < 0.025, "variance {variance}");
     }
 
     #[test]

@@ -12,9 +12,7 @@ pub fn synthetic_lengths(count: usize, median: usize, max_len: usize, seed: u64)
     let log_median = (median.max(1) as f64).ln();
     (0..count)
         .map(|_| {
-            let len = (log_median + SIGMA * standard_normal(&mut rng))
-                .exp()
-                .round();
+            let len = (log_median + SIGMA * rng.standard_normal()).exp().round();
             (len as usize).clamp(1, max_len.max(1))
         })
         .collect()
@@ -32,14 +30,6 @@ pub fn synthetic_examples(lengths: &[usize], vocab_size: u32, seed: u64) -> Vec<
             Example::causal(ids).ok()
         })
         .collect()
-}
-
-/// Box-Muller transform of two uniforms in (0, 1].
-fn standard_normal(rng: &mut SplitMix64) -> f64 {
-    let uniform =
-        |rng: &mut SplitMix64| ((rng.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-    let (u1, u2) = (uniform(rng), uniform(rng));
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
 #[cfg(test)]
