@@ -22,6 +22,9 @@ pub enum Command {
     /// Show the padding-free collator and multipack packing on a dataset's
     /// example lengths (an embedded synthetic dataset unless --lengths is given).
     Pack(PackArgs),
+    /// Fine-tune a model (padding-free by default). With no arguments: a
+    /// short demo run of the `small` preset on the shipped maths dataset.
+    Train(Box<crate::train_args::TrainArgs>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

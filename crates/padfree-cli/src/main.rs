@@ -6,18 +6,23 @@
 mod args;
 mod lengths;
 mod pack;
+mod train;
+mod train_args;
 
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = args::Cli::parse();
     let result = match cli.command {
-        args::Command::Pack(pack_args) => {
-            pack_args.validate().and_then(|config| pack::run(&config))
-        }
+        args::Command::Pack(pack_args) => pack_args
+            .validate()
+            .and_then(|config| pack::run(&config))
+            .map(|()| false),
+        args::Command::Train(train_args) => train_args.validate().and_then(|job| train::run(&job)),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::SUCCESS,
+        Ok(true) => std::process::ExitCode::from(train::INTERRUPTED_EXIT),
         Err(err) => {
             eprintln!("error: {err:#}");
             std::process::ExitCode::FAILURE

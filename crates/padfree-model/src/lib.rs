@@ -37,3 +37,4 @@ pub use gguf_tokenizer::tokenizer_from_gguf;
 pub use loss::{LossSum, causal_lm_loss};
 pub use model::{LlamaModel, ModelInput};
 pub use param::Param;
+pub use safetensors_io::write_atomically;

@@ -209,7 +209,7 @@ impl LlamaModel {
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
     let file_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

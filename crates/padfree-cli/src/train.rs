@@ -1,0 +1,316 @@
+//! `padfree train`: loads model, tokenizer and data, runs the trainer with a
+//! progress bar, and reports.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use padfree_data::{
+    TextTokenizer, TokenizeConfig, read_records, read_records_from_str, tokenize_records,
+};
+use padfree_model::gguf::GgufFile;
+use padfree_model::tensor::cpu_device;
+use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
+use padfree_train::checkpoint::{LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, prepare_output_dir};
+use padfree_train::{LogRecord, Observer, StepMetrics, Trainer};
+
+use crate::train_args::{ModelSource, TrainJob};
+
+const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
+const EMBEDDED_DATA: &str = include_str!("../../../data/gsm-symbolic/train.jsonl");
+const EMBEDDED_TOKENIZER: &[u8] = include_bytes!("../../../data/gsm-symbolic/tokenizer.json");
+const EMBEDDED_TOKENIZER_CONFIG: &str =
+    include_str!("../../../data/gsm-symbolic/tokenizer_config.json");
+
+/// Exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it.
+pub const INTERRUPTED_EXIT: u8 = 130;
+
+/// Runs the job; `Ok(true)` when it was interrupted.
+pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
+    if job.embedded_default {
+        println!(
+            "padfree train: no --model/--config/--tokenizer/--data given, so this is the built-in demo:"
+        );
+        println!(
+            "  the `small` preset (random init) on the shipped maths word problems with the shipped tokenizer;"
+        );
+        println!(
+            "  unless given, --max-steps 100 --learning-rate 1e-3 --warmup-steps 10 --logging-steps 10,"
+        );
+        println!("  other flags at their HF TrainingArguments defaults\n");
+    }
+    let model = load_model(job)?;
+    let config = model.config().clone();
+    println!(
+        "model: {} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}, {:.1}M parameters)",
+        describe_model(job),
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.vocab_size,
+        config.num_parameters() as f64 / 1e6
+    );
+    let tokenizer = load_tokenizer(job, config.vocab_size)?;
+    if let Some(tokenizer) = &tokenizer {
+        check_vocabularies(tokenizer, &config)?;
+        println!(
+            "tokenizer: {} ({} tokens)",
+            tokenizer.source_name(),
+            tokenizer.vocab_size()
+        );
+    }
+    let (data_name, records) = match &job.data {
+        Some(path) => (path.clone(), read_records(path, &job.fields)?),
+        None => (
+            PathBuf::from(EMBEDDED_DATA_NAME),
+            read_records_from_str(Path::new(EMBEDDED_DATA_NAME), EMBEDDED_DATA, &job.fields)?,
+        ),
+    };
+    let max_seq_len = job.max_seq_len.min(config.max_position_embeddings);
+    let tokenize = TokenizeConfig {
+        train_on_inputs: job.train_on_inputs,
+        use_chat_template: job.use_chat_template,
+        max_seq_len,
+        overlong: job.overlong,
+        vocab_limit: config.vocab_size,
+    };
+    let dataset = tokenize_records(&data_name, &records, tokenizer.as_ref(), &tokenize)?;
+    println!("data: {}: {}", data_name.display(), dataset.report);
+
+    let resuming = job.resume_from_checkpoint.is_some();
+    prepare_output_dir(&job.output_dir, job.overwrite_output_dir, resuming)?;
+    let artifacts = match &tokenizer {
+        Some(tokenizer) => tokenizer
+            .hf_files()
+            .map_err(anyhow::Error::msg)?
+            .into_iter()
+            .map(|(name, bytes)| (name.to_owned(), bytes))
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut trainer = match &job.resume_from_checkpoint {
+        Some(dir) => Trainer::resume(
+            model,
+            dir,
+            dataset.examples,
+            job.train.clone(),
+            &job.output_dir,
+            artifacts,
+        )?,
+        None => Trainer::new(
+            model,
+            dataset.examples,
+            job.train.clone(),
+            &job.output_dir,
+            artifacts,
+        )?,
+    };
+    println!(
+        "training: {} optimizer steps ({} from step {}), attention {}, output {}",
+        trainer.plan().len(),
+        trainer.plan().len() - trainer.global_step(),
+        trainer.global_step(),
+        job.train.attention.name(),
+        job.output_dir.display()
+    );
+    let mut progress = Progress::new(trainer.plan().len(), trainer.global_step())?;
+    let summary = trainer.train(&mut progress)?;
+    progress.bar.finish_and_clear();
+    println!("\n***** train metrics *****\n{summary}");
+    if summary.interrupted {
+        match trainer.last_checkpoint() {
+            Some(dir) => println!(
+                "\ninterrupted after step {}: saved {}\nresume with: --resume-from-checkpoint {}",
+                summary.global_step,
+                dir.display(),
+                dir.display()
+            ),
+            None => println!("\ninterrupted before the first step: nothing saved"),
+        }
+        return Ok(true);
+    }
+    let out = &job.output_dir;
+    println!(
+        "\nwrote {} (model.safetensors, config.json, tokenizer files), {}, {}, {}",
+        out.display(),
+        out.join(METRICS_FILE).display(),
+        out.join(RESULTS_FILE).display(),
+        out.join(LOSS_PLOT_FILE).display()
+    );
+    Ok(false)
+}
+
+fn describe_model(job: &TrainJob) -> String {
+    if let Some(dir) = &job.resume_from_checkpoint {
+        return format!("{} (resumed)", dir.display());
+    }
+    match &job.model {
+        ModelSource::HfDir(path) | ModelSource::Gguf(path) => path.display().to_string(),
+        ModelSource::Init(name) => format!("{name} (random init, seed {})", job.train.seed),
+    }
+}
+
+fn load_model(job: &TrainJob) -> anyhow::Result<LlamaModel> {
+    let device = cpu_device(true);
+    if let Some(dir) = &job.resume_from_checkpoint {
+        return LlamaModel::from_hf_dir(dir, &device)
+            .with_context(|| format!("loading the checkpoint {}", dir.display()));
+    }
+    Ok(match &job.model {
+        ModelSource::HfDir(dir) => LlamaModel::from_hf_dir(dir, &device)?,
+        ModelSource::Gguf(path) => LlamaModel::from_gguf(path, &device)?,
+        ModelSource::Init(name) => {
+            let config = match LlamaConfig::named(name) {
+                Some(config) => config,
+                None if Path::new(name).is_file() => LlamaConfig::from_hf_file(Path::new(name))?,
+                None => {
+                    bail!("--config {name}: neither a preset (tiny, small) nor a config.json file")
+                }
+            };
+            LlamaModel::init(&config, job.train.seed, &device)?
+        }
+    })
+}
+
+/// --tokenizer, else the model's own, else (for the demo or a random-init
+/// model) the shipped one; `None` only for pre-tokenized data with no tokenizer anywhere.
+fn load_tokenizer(job: &TrainJob, vocab_size: usize) -> anyhow::Result<Option<TextTokenizer>> {
+    if let Some(path) = &job.tokenizer {
+        return load_tokenizer_file(path).map(Some);
+    }
+    if let Some(dir) = &job.resume_from_checkpoint
+        && dir.join("tokenizer.json").is_file()
+    {
+        return load_tokenizer_file(&dir.join("tokenizer.json")).map(Some);
+    }
+    match &job.model {
+        ModelSource::Gguf(path) => load_tokenizer_file(path).map(Some),
+        ModelSource::HfDir(dir) if dir.join("tokenizer.json").is_file() => {
+            load_tokenizer_file(&dir.join("tokenizer.json")).map(Some)
+        }
+        ModelSource::HfDir(_) => Ok(None),
+        // A randomly initialised model has no tokenizer of its own: the
+        // shipped one, when the model's vocabulary can hold it (a smaller
+        // model can still train on pre-tokenized data).
+        ModelSource::Init(_) => {
+            let shipped = embedded_tokenizer()?;
+            Ok((shipped.vocab_size() <= vocab_size).then_some(shipped))
+        }
+    }
+}
+
+fn embedded_tokenizer() -> anyhow::Result<TextTokenizer> {
+    Ok(TextTokenizer::from_bytes(
+        "<built-in>/data/gsm-symbolic/tokenizer.json",
+        EMBEDDED_TOKENIZER,
+        Some(EMBEDDED_TOKENIZER_CONFIG.to_owned()),
+    )?)
+}
+
+fn load_tokenizer_file(path: &Path) -> anyhow::Result<TextTokenizer> {
+    if path.extension().is_none_or(|e| e != "gguf") {
+        return Ok(TextTokenizer::from_file(path)?);
+    }
+    let file = GgufFile::open(path)?;
+    let tokenizer = tokenizer_from_gguf(&file)?;
+    let token_of = |key: &str| -> Option<String> {
+        let id = file.get(key)?.as_u64()?;
+        tokenizer.id_to_token(u32::try_from(id).ok()?)
+    };
+    let eos = token_of("tokenizer.ggml.eos_token_id");
+    let bos = token_of("tokenizer.ggml.bos_token_id");
+    let template = file
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    Ok(TextTokenizer::new(
+        tokenizer,
+        &path.display().to_string(),
+        eos.as_deref(),
+        bos.as_deref(),
+        template.as_deref(),
+    )?)
+}
+
+fn check_vocabularies(tokenizer: &TextTokenizer, config: &LlamaConfig) -> anyhow::Result<()> {
+    if tokenizer.vocab_size() > config.vocab_size {
+        bail!(
+            "{}: the tokenizer has {} tokens but the model's vocabulary has {}\nHINT: use the tokenizer that belongs to the model (--tokenizer), or a model config with vocab_size >= {}",
+            tokenizer.source_name(),
+            tokenizer.vocab_size(),
+            config.vocab_size,
+            tokenizer.vocab_size()
+        );
+    }
+    Ok(())
+}
+
+/// The progress bar, log lines and Ctrl-C.
+struct Progress {
+    bar: ProgressBar,
+    stop: Arc<AtomicBool>,
+}
+
+impl Progress {
+    fn new(total_steps: usize, done: usize) -> anyhow::Result<Self> {
+        let bar = ProgressBar::new(total_steps as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30.cyan/blue} {pos}/{len} steps [{elapsed_precise}<{eta_precise}] {msg}",
+            )?
+            .progress_chars("=> "),
+        );
+        bar.set_position(done as u64);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        ctrlc::set_handler(move || {
+            if flag.swap(true, Ordering::SeqCst) {
+                // A second Ctrl-C: leave now. Every file is written through a
+                // temporary and a rename, so nothing half-written remains.
+                std::process::exit(i32::from(INTERRUPTED_EXIT));
+            }
+            eprintln!("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to quit now)");
+        })
+        .context("installing the Ctrl-C handler")?;
+        Ok(Self { bar, stop })
+    }
+}
+
+impl Progress {
+    /// A line above the bar; printed plainly when the bar is hidden (output
+    /// not a terminal), where indicatif would drop it.
+    fn line(&self, text: &str) {
+        if self.bar.is_hidden() {
+            println!("{text}");
+        } else {
+            self.bar.println(text);
+        }
+    }
+}
+
+impl Observer for Progress {
+    fn on_step(&mut self, metrics: &StepMetrics, _total_steps: usize) {
+        self.bar.set_position(metrics.step as u64);
+        self.bar.set_message(format!(
+            "{:.2} it/s, {:.0} tok/s, loss {:.4}",
+            1.0 / metrics.seconds.max(1e-9),
+            metrics.real_tokens as f64 / metrics.seconds.max(1e-9),
+            metrics.loss
+        ));
+    }
+
+    fn on_log(&mut self, record: &LogRecord) {
+        self.line(&record.to_string());
+    }
+
+    fn on_save(&mut self, dir: &Path) {
+        self.line(&format!("saved {}", dir.display()));
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,314 @@
+//! `padfree train` flags (named after HF `TrainingArguments`), parsed by clap
+//! and validated once into a [`TrainJob`].
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::ValueEnum;
+use padfree_data::{FieldNames, Overlong};
+use padfree_train::{AttentionMode, Batching, SaveStrategy, SchedulerKind, TrainConfig, Warmup};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AttentionArg {
+    Varlen,
+    VarlenPerLayer,
+    Padded,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SchedulerArg {
+    Linear,
+    Cosine,
+    Constant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SaveStrategyArg {
+    No,
+    Steps,
+    Epoch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OverlongArg {
+    Truncate,
+    Drop,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    /// A model to fine-tune: a Hugging Face directory (config.json +
+    /// safetensors) or a .gguf file.
+    #[arg(long, conflicts_with = "config")]
+    pub model: Option<PathBuf>,
+    /// Train from random initialisation: a preset (tiny, small) or a config.json.
+    #[arg(long)]
+    pub config: Option<String>,
+    /// tokenizer.json (with tokenizer_config.json beside it) or a .gguf file.
+    /// Defaults to the one of --model, or the shipped one.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Training data: JSONL or a JSON array. Defaults to the shipped maths set.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Where checkpoints, the final model and reports go (default runs/train-<time>).
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    /// Allow writing into a non-empty --output-dir.
+    #[arg(long)]
+    pub overwrite_output_dir: bool,
+    /// Continue a run from its checkpoint-N directory, bit-identically.
+    #[arg(long)]
+    pub resume_from_checkpoint: Option<PathBuf>,
+
+    /// The prompt field of prompt/completion records with other names.
+    #[arg(long, requires = "completion_field")]
+    pub prompt_field: Option<String>,
+    /// The completion field (with --prompt-field).
+    #[arg(long, requires = "prompt_field")]
+    pub completion_field: Option<String>,
+    /// The field holding chat messages (default: messages).
+    #[arg(long)]
+    pub messages_field: Option<String>,
+    /// Put the loss on the prompt too (default: on the response only).
+    #[arg(long)]
+    pub train_on_inputs: bool,
+    /// Render prompt/completion, question/answer and Alpaca records as a chat
+    /// with the tokenizer's chat template (for instruct models).
+    #[arg(long)]
+    pub use_chat_template: bool,
+    /// Longest example in tokens; see --overlong for longer ones.
+    #[arg(long, default_value_t = 2048)]
+    pub max_seq_len: usize,
+    /// What to do with longer examples: keep their first --max-seq-len tokens, or drop them.
+    #[arg(long, value_enum, default_value_t = OverlongArg::Truncate)]
+    pub overlong: OverlongArg,
+
+    /// Examples per micro-batch.
+    #[arg(long, default_value_t = 8, conflicts_with = "max_tokens_per_batch")]
+    pub per_device_train_batch_size: usize,
+    /// Micro-batches of consecutive examples up to this many real tokens,
+    /// instead of a fixed example count.
+    #[arg(long)]
+    pub max_tokens_per_batch: Option<usize>,
+    /// Train padding-free (true) or on padded batches (false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub padding_free: bool,
+    /// Attention strategy (default: varlen when padding-free, else padded).
+    #[arg(long, value_enum)]
+    pub attention: Option<AttentionArg>,
+    /// Micro-batches per optimizer step; the loss is normalised by all their label tokens.
+    #[arg(long, default_value_t = 1)]
+    pub gradient_accumulation_steps: usize,
+    /// Peak learning rate [default: 5e-5; 1e-3 for the built-in demo run].
+    #[arg(long)]
+    pub learning_rate: Option<f64>,
+    /// AdamW weight decay (not on norm weights or biases).
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    #[arg(long, default_value_t = 0.9)]
+    pub adam_beta1: f64,
+    #[arg(long, default_value_t = 0.999)]
+    pub adam_beta2: f64,
+    #[arg(long, default_value_t = 1e-8)]
+    pub adam_epsilon: f64,
+    #[arg(long, value_enum, default_value_t = SchedulerArg::Linear)]
+    pub lr_scheduler_type: SchedulerArg,
+    /// Linear warm-up steps [default: 0; 10 for the built-in demo run].
+    #[arg(long, conflicts_with = "warmup_ratio")]
+    pub warmup_steps: Option<usize>,
+    /// Warm-up as a fraction of all steps.
+    #[arg(long)]
+    pub warmup_ratio: Option<f64>,
+    /// Clip the global gradient norm to this (0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub max_grad_norm: f64,
+    /// Optimizer steps; overrides --num-train-epochs [built-in demo run: 100].
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    #[arg(long, default_value_t = 3.0)]
+    pub num_train_epochs: f64,
+    /// Seeds data order and random initialisation.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Keep the file's order instead of shuffling every epoch.
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Log every N steps [default: 500; 10 for the built-in demo run].
+    #[arg(long)]
+    pub logging_steps: Option<usize>,
+    #[arg(long, value_enum, default_value_t = SaveStrategyArg::Steps)]
+    pub save_strategy: SaveStrategyArg,
+    #[arg(long, default_value_t = 500)]
+    pub save_steps: usize,
+}
+
+/// Where the model's weights come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A Hugging Face directory.
+    HfDir(PathBuf),
+    /// A GGUF file.
+    Gguf(PathBuf),
+    /// Random initialisation from a preset name or a config.json.
+    Init(String),
+}
+
+/// A validated `padfree train` invocation.
+#[derive(Debug, Clone)]
+pub struct TrainJob {
+    /// No model, config, tokenizer nor data given: the shipped demo.
+    pub embedded_default: bool,
+    pub model: ModelSource,
+    pub tokenizer: Option<PathBuf>,
+    pub data: Option<PathBuf>,
+    pub output_dir: PathBuf,
+    pub overwrite_output_dir: bool,
+    pub resume_from_checkpoint: Option<PathBuf>,
+    pub fields: FieldNames,
+    pub train_on_inputs: bool,
+    pub use_chat_template: bool,
+    pub max_seq_len: usize,
+    pub overlong: Overlong,
+    pub train: TrainConfig,
+}
+
+impl TrainArgs {
+    pub fn validate(self) -> anyhow::Result<TrainJob> {
+        let embedded_default = self.model.is_none()
+            && self.config.is_none()
+            && self.tokenizer.is_none()
+            && self.data.is_none();
+        let model = match (&self.model, &self.config) {
+            (Some(path), _) if path.extension().is_some_and(|e| e == "gguf") => {
+                ModelSource::Gguf(path.clone())
+            }
+            (Some(path), _) => ModelSource::HfDir(path.clone()),
+            (None, Some(config)) => ModelSource::Init(config.clone()),
+            (None, None) => ModelSource::Init("small".into()),
+        };
+        let attention = match (self.padding_free, self.attention) {
+            (true, None | Some(AttentionArg::Varlen)) => AttentionMode::Varlen,
+            (true, Some(AttentionArg::VarlenPerLayer)) => AttentionMode::VarlenPerLayer,
+            (true, Some(AttentionArg::Padded)) | (false, None | Some(AttentionArg::Padded)) => {
+                AttentionMode::Padded
+            }
+            (false, Some(_)) => {
+                bail!(
+                    "--padding-free false trains on padded batches; --attention varlen needs a flattened batch\nHINT: drop one of the two flags"
+                )
+            }
+        };
+        if self.max_seq_len == 0 {
+            bail!("--max-seq-len must be at least 1");
+        }
+        let batching = match self.max_tokens_per_batch {
+            Some(budget) => Batching::TokenBudget(budget),
+            None => Batching::Examples(self.per_device_train_batch_size),
+        };
+        fn demo<T>(embedded: bool, demo_value: T, hf_default: T) -> T {
+            if embedded { demo_value } else { hf_default }
+        }
+        let demo_usize = |d, hf| demo(embedded_default, d, hf);
+        let warmup = match (self.warmup_steps, self.warmup_ratio) {
+            (_, Some(ratio)) => Warmup::Ratio(ratio),
+            (Some(steps), None) => Warmup::Steps(steps),
+            (None, None) => Warmup::Steps(demo_usize(10, 0)),
+        };
+        let train = TrainConfig {
+            attention,
+            batching,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
+            learning_rate: self
+                .learning_rate
+                .unwrap_or(demo(embedded_default, 1e-3, 5e-5)),
+            weight_decay: self.weight_decay,
+            adam_beta1: self.adam_beta1,
+            adam_beta2: self.adam_beta2,
+            adam_epsilon: self.adam_epsilon,
+            lr_scheduler_type: match self.lr_scheduler_type {
+                SchedulerArg::Linear => SchedulerKind::Linear,
+                SchedulerArg::Cosine => SchedulerKind::Cosine,
+                SchedulerArg::Constant => SchedulerKind::Constant,
+            },
+            warmup,
+            max_grad_norm: self.max_grad_norm,
+            max_steps: self
+                .max_steps
+                .or(if embedded_default { Some(100) } else { None }),
+            num_train_epochs: self.num_train_epochs,
+            seed: self.seed,
+            shuffle: !self.no_shuffle,
+            logging_steps: self.logging_steps.unwrap_or(demo_usize(10, 500)),
+            save_strategy: match self.save_strategy {
+                SaveStrategyArg::No => SaveStrategy::No,
+                SaveStrategyArg::Steps => SaveStrategy::Steps(self.save_steps),
+                SaveStrategyArg::Epoch => SaveStrategy::Epoch,
+            },
+        };
+        train.validate()?;
+        Ok(TrainJob {
+            embedded_default,
+            model,
+            tokenizer: self.tokenizer,
+            data: self.data,
+            output_dir: self.output_dir.unwrap_or_else(default_output_dir),
+            overwrite_output_dir: self.overwrite_output_dir,
+            resume_from_checkpoint: self.resume_from_checkpoint,
+            fields: FieldNames {
+                prompt: self.prompt_field,
+                completion: self.completion_field,
+                messages: self.messages_field,
+            },
+            train_on_inputs: self.train_on_inputs,
+            use_chat_template: self.use_chat_template,
+            max_seq_len: self.max_seq_len,
+            overlong: match self.overlong {
+                OverlongArg::Truncate => Overlong::Truncate,
+                OverlongArg::Drop => Overlong::Drop,
+            },
+            train,
+        })
+    }
+}
+
+/// `runs/train-YYYYMMDD-HHMMSS` (UTC): a new directory for every run.
+fn default_output_dir() -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days as i64);
+    PathBuf::from(format!(
+        "runs/train-{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    ))
+}
+
+/// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}

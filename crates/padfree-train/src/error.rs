@@ -1,0 +1,68 @@
+use std::path::PathBuf;
+
+use padfree_model::ModelError;
+use padfree_pack::PackError;
+use thiserror::Error;
+
+/// Everything training can refuse or stop on.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// A training setting that cannot work.
+    #[error("--{flag}: {message}\nHINT: {hint}")]
+    Config {
+        /// The flag (HF TrainingArguments name, dashes).
+        flag: &'static str,
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// The model refused a batch or a file.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The collator refused a batch.
+    #[error(transparent)]
+    Pack(#[from] PackError),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A checkpoint that cannot be resumed from.
+    #[error("{path}: {message}\nHINT: {hint}")]
+    Checkpoint {
+        /// The checkpoint directory or file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: String,
+    },
+    /// The loss or the gradient became NaN or infinite; the step was not applied.
+    #[error(
+        "step {step}: the {what} is {value}; training stopped before applying this step\n{last_checkpoint}\nHINT: lower --learning-rate, add --warmup-steps, or check --max-grad-norm"
+    )]
+    NonFinite {
+        /// The optimizer step (1-based).
+        step: usize,
+        /// `loss` or `gradient norm`.
+        what: &'static str,
+        /// The value seen.
+        value: f64,
+        /// Where the last good checkpoint is, or that there is none.
+        last_checkpoint: String,
+    },
+}
+
+impl TrainError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,133 @@
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    /// 1-based optimizer step.
+    pub step: usize,
+    /// Fractional epoch at the end of the step.
+    pub epoch: f64,
+    /// Mean cross-entropy per label token of the whole accumulation window.
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// The learning rate this step was taken with.
+    pub learning_rate: f64,
+    /// Examples in the window.
+    pub examples: usize,
+    /// Real (non-pad) tokens in the window.
+    pub real_tokens: usize,
+    /// Tokens the model ran on, pads included (equals `real_tokens` padding-free).
+    pub fed_tokens: usize,
+    /// Tokens that carried loss.
+    pub label_tokens: usize,
+    /// Wall time of the step.
+    pub seconds: f64,
+}
+
+/// One logged line (every `--logging-steps`), also a line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// The step logged at.
+    pub step: usize,
+    /// Fractional epoch.
+    pub epoch: f64,
+    /// Mean of the step losses since the previous log line (as HF logs it).
+    pub loss: f64,
+    /// Gradient norm of the last step.
+    pub grad_norm: f64,
+    /// Learning rate of the last step.
+    pub learning_rate: f64,
+    /// Real tokens per second over the logging interval.
+    pub tokens_per_second: f64,
+    /// Real tokens since the start of training.
+    pub real_tokens_seen: usize,
+}
+
+impl fmt::Display for LogRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{{'loss': {:.4}, 'grad_norm': {:.4}, 'learning_rate': {:.3e}, 'epoch': {:.2}, 'step': {}, 'tokens_per_second': {:.0}}}",
+            self.loss,
+            self.grad_norm,
+            self.learning_rate,
+            self.epoch,
+            self.step,
+            self.tokens_per_second
+        )
+    }
+}
+
+/// The end-of-training summary, written as `train_results.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainSummary {
+    /// Seconds of training in this process (a resumed run counts its own part).
+    pub train_runtime: f64,
+    /// Examples per second.
+    pub train_samples_per_second: f64,
+    /// Optimizer steps per second.
+    pub train_steps_per_second: f64,
+    /// Real (non-pad) tokens per second.
+    pub train_tokens_per_second: f64,
+    /// Real tokens processed.
+    pub real_tokens: usize,
+    /// Pad tokens the model also ran on (0 padding-free).
+    pub padded_tokens: usize,
+    /// Mean of the step losses of this process's steps (HF's `train_loss`).
+    pub train_loss: f64,
+    /// Loss of the last step.
+    pub final_loss: f64,
+    /// Steps run in this process.
+    pub steps: usize,
+    /// The step training ended at.
+    pub global_step: usize,
+    /// Peak resident memory of the process, bytes (`VmHWM`), if known.
+    pub peak_memory_bytes: Option<u64>,
+    /// Whether training stopped early on request (Ctrl-C).
+    pub interrupted: bool,
+}
+
+impl fmt::Display for TrainSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let memory = self.peak_memory_bytes.map_or_else(
+            || "unknown".to_owned(),
+            |b| format!("{:.0} MiB", b as f64 / 1048576.0),
+        );
+        writeln!(
+            f,
+            "  train_runtime            = {:.1} s",
+            self.train_runtime
+        )?;
+        writeln!(
+            f,
+            "  train_samples_per_second = {:.3}",
+            self.train_samples_per_second
+        )?;
+        writeln!(
+            f,
+            "  train_steps_per_second   = {:.3}",
+            self.train_steps_per_second
+        )?;
+        writeln!(
+            f,
+            "  train_tokens_per_second  = {:.1} (real tokens)",
+            self.train_tokens_per_second
+        )?;
+        writeln!(f, "  real tokens              = {}", self.real_tokens)?;
+        writeln!(f, "  padded tokens processed  = {}", self.padded_tokens)?;
+        writeln!(f, "  train_loss               = {:.4}", self.train_loss)?;
+        writeln!(f, "  final step loss          = {:.4}", self.final_loss)?;
+        write!(f, "  peak memory (VmHWM)      = {memory}")
+    }
+}
+
+/// The process's peak resident set size, from `/proc/self/status` (Linux).
+pub fn peak_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -1,0 +1,201 @@
+/// AdamW with decoupled weight decay, step for step as PyTorch's
+/// `torch.optim.AdamW` (non-fused) computes it, in f32.
+///
+/// Holds the master copy of every parameter on the host, so an update never
+/// reads the weights back from the device, and a checkpoint of it is exact.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamW {
+    /// Adam's first-moment decay.
+    pub beta1: f64,
+    /// Adam's second-moment decay.
+    pub beta2: f64,
+    /// Added to the denominator.
+    pub epsilon: f64,
+    /// Decoupled weight decay for the parameters with `decays[i]`.
+    pub weight_decay: f64,
+    groups: Vec<ParamState>,
+    step: u64,
+}
+
+/// One parameter's values and moments.
+#[derive(Debug, Clone, PartialEq)]
+struct ParamState {
+    name: String,
+    decays: bool,
+    values: Vec<f32>,
+    exp_avg: Vec<f32>,
+    exp_avg_sq: Vec<f32>,
+}
+
+/// Whether weight decay applies: HF's Trainer spares norm weights and biases.
+pub(crate) fn decays(name: &str) -> bool {
+    !(name.contains("norm") || name.ends_with(".bias"))
+}
+
+impl AdamW {
+    /// Zero moments for parameters `(name, values)`, in model order.
+    pub fn new(
+        params: Vec<(String, Vec<f32>)>,
+        beta1: f64,
+        beta2: f64,
+        epsilon: f64,
+        weight_decay: f64,
+    ) -> Self {
+        let groups = params
+            .into_iter()
+            .map(|(name, values)| ParamState {
+                decays: decays(&name),
+                exp_avg: vec![0.0; values.len()],
+                exp_avg_sq: vec![0.0; values.len()],
+                name,
+                values,
+            })
+            .collect();
+        Self {
+            beta1,
+            beta2,
+            epsilon,
+            weight_decay,
+            groups,
+            step: 0,
+        }
+    }
+
+    /// Steps taken so far.
+    pub fn steps_taken(&self) -> u64 {
+        self.step
+    }
+
+    /// One update with `grads` (same order and sizes as the parameters),
+    /// each multiplied by `grad_scale` first (the clipping coefficient).
+    pub fn step(&mut self, grads: &[Vec<f32>], grad_scale: f32, lr: f64) {
+        self.step += 1;
+        let bias_correction1 = 1.0 - self.beta1.powi(self.step as i32);
+        let bias_correction2 = 1.0 - self.beta2.powi(self.step as i32);
+        let step_size = (lr / bias_correction1) as f32;
+        let bias_correction2_sqrt = bias_correction2.sqrt() as f32;
+        let (beta1, beta2, eps) = (self.beta1 as f32, self.beta2 as f32, self.epsilon as f32);
+        let decay_factor = (1.0 - lr * self.weight_decay) as f32;
+        for (state, grad) in self.groups.iter_mut().zip(grads) {
+            let decay = if state.decays { decay_factor } else { 1.0 };
+            let moments = state.exp_avg.iter_mut().zip(state.exp_avg_sq.iter_mut());
+            for ((value, (exp_avg, exp_avg_sq)), &raw) in
+                state.values.iter_mut().zip(moments).zip(grad)
+            {
+                let g = raw * grad_scale;
+                let p = *value * decay;
+                let m = *exp_avg + (g - *exp_avg) * (1.0 - beta1);
+                let v = *exp_avg_sq * beta2 + (1.0 - beta2) * g * g;
+                let denom = v.sqrt() / bias_correction2_sqrt + eps;
+                *value = p - step_size * (m / denom);
+                *exp_avg = m;
+                *exp_avg_sq = v;
+            }
+        }
+    }
+
+    /// Current values of parameter `index`.
+    pub fn values(&self, index: usize) -> &[f32] {
+        &self.groups[index].values
+    }
+
+    /// Number of parameters (tensors).
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// True when there are no parameters.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// `(name, exp_avg, exp_avg_sq)` of every parameter, for checkpoints.
+    pub fn moments(&self) -> impl Iterator<Item = (&str, &[f32], &[f32])> {
+        self.groups.iter().map(|g| {
+            (
+                g.name.as_str(),
+                g.exp_avg.as_slice(),
+                g.exp_avg_sq.as_slice(),
+            )
+        })
+    }
+
+    /// Restores moments and the step count saved by a checkpoint.
+    pub(crate) fn restore(
+        &mut self,
+        step: u64,
+        mut moments: impl FnMut(&str, usize) -> Result<(Vec<f32>, Vec<f32>), String>,
+    ) -> Result<(), String> {
+        for group in &mut self.groups {
+            let (exp_avg, exp_avg_sq) = moments(&group.name, group.values.len())?;
+            group.exp_avg = exp_avg;
+            group.exp_avg_sq = exp_avg_sq;
+        }
+        self.step = step;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// PyTorch's AdamW written out in f64 for one scalar, as the oracle.
+    fn torch_adamw(p0: f64, grads: &[f64], lr: f64, b1: f64, b2: f64, eps: f64, wd: f64) -> f64 {
+        let (mut p, mut m, mut v) = (p0, 0.0, 0.0);
+        for (t, g) in grads.iter().enumerate() {
+            let t = (t + 1) as i32;
+            p *= 1.0 - lr * wd;
+            m = b1 * m + (1.0 - b1) * g;
+            v = b2 * v + (1.0 - b2) * g * g;
+            let m_hat = m / (1.0 - b1.powi(t));
+            let denom = v.sqrt() / (1.0 - b2.powi(t)).sqrt() + eps;
+            p -= lr * m_hat / denom;
+        }
+        p
+    }
+
+    #[test]
+    fn matches_torch_adamw_formula() {
+        let grads = [0.3, -1.2, 0.05, 2.0, -0.7];
+        let (lr, b1, b2, eps, wd) = (1e-2, 0.9, 0.999, 1e-8, 0.1);
+        let mut adam = AdamW::new(
+            vec![
+                ("w".into(), vec![0.5]),
+                ("model.norm.weight".into(), vec![0.5]),
+            ],
+            b1,
+            b2,
+            eps,
+            wd,
+        );
+        for g in grads {
+            adam.step(&[vec![g as f32], vec![g as f32]], 1.0, lr);
+        }
+        let expected = torch_adamw(0.5, &grads, lr, b1, b2, eps, wd);
+        assert!(
+            (f64::from(adam.values(0)[0]) - expected).abs() < 1e-6,
+            "{} vs {expected}",
+            adam.values(0)[0]
+        );
+        // Norm weights take no weight decay.
+        let expected_no_decay = torch_adamw(0.5, &grads, lr, b1, b2, eps, 0.0);
+        assert!((f64::from(adam.values(1)[0]) - expected_no_decay).abs() < 1e-6);
+        assert!(
+            (expected - expected_no_decay).abs() > 1e-4,
+            "the test must tell decay from no decay"
+        );
+    }
+
+    #[test]
+    fn grad_scale_scales_the_gradient_not_the_step() {
+        // Adam is invariant to a constant gradient scale, up to epsilon.
+        let mut a = AdamW::new(vec![("w".into(), vec![1.0])], 0.9, 0.999, 1e-8, 0.0);
+        let mut b = a.clone();
+        a.step(&[vec![4.0]], 0.5, 0.1);
+        b.step(&[vec![2.0]], 1.0, 0.1);
+        assert_eq!(a.values(0), b.values(0));
+        assert!(decays("model.layers.0.mlp.up_proj.weight"));
+        assert!(!decays("model.layers.0.input_layernorm.weight"));
+    }
+}

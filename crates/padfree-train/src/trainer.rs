@@ -1,0 +1,454 @@
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use padfree_model::tensor::{IntoHostVec, backward, float_tensor, grad, trainable};
+use padfree_model::{LlamaModel, ModelInput, causal_lm_loss};
+use padfree_pack::{Example, flatten, pad};
+
+use crate::checkpoint::{self, TrainerState};
+use crate::config::{AttentionMode, SaveStrategy, TrainConfig, Warmup};
+use crate::error::TrainError;
+use crate::metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
+use crate::optim::AdamW;
+use crate::plan::TrainPlan;
+use crate::schedule::LrSchedule;
+
+/// Hooks for what the user sees; every method has a do-nothing default.
+pub trait Observer {
+    /// After every optimizer step.
+    fn on_step(&mut self, _metrics: &StepMetrics, _total_steps: usize) {}
+    /// At every logging step.
+    fn on_log(&mut self, _record: &LogRecord) {}
+    /// After a checkpoint was written.
+    fn on_save(&mut self, _dir: &Path) {}
+    /// Polled between steps: true stops training after the current step
+    /// (Ctrl-C), with a checkpoint written.
+    fn stop_requested(&self) -> bool {
+        false
+    }
+}
+
+impl Observer for () {}
+
+/// A model being fine-tuned on a fixed plan of batches.
+#[derive(Debug)]
+pub struct Trainer {
+    pub(crate) model: LlamaModel,
+    pub(crate) optimizer: AdamW,
+    pub(crate) schedule: LrSchedule,
+    pub(crate) plan: TrainPlan,
+    pub(crate) config: TrainConfig,
+    pub(crate) examples: Vec<Example>,
+    pub(crate) data_fingerprint: u64,
+    pub(crate) output_dir: PathBuf,
+    pub(crate) artifacts: Vec<(String, Vec<u8>)>,
+    pub(crate) global_step: usize,
+    pub(crate) log_history: Vec<LogRecord>,
+    pub(crate) step_losses: Vec<f64>,
+    pub(crate) real_tokens_seen: usize,
+    pub(crate) last_checkpoint: Option<PathBuf>,
+}
+
+impl Trainer {
+    /// A fresh run. `model` must live on an autodiff device; `artifacts`
+    /// (e.g. tokenizer files) are written beside every saved model.
+    pub fn new(
+        model: LlamaModel,
+        examples: Vec<Example>,
+        config: TrainConfig,
+        output_dir: &Path,
+        artifacts: Vec<(String, Vec<u8>)>,
+    ) -> Result<Self, TrainError> {
+        if !model.device().is_autodiff() {
+            return Err(TrainError::Config {
+                flag: "model",
+                message: "the model is not on an autodiff device".into(),
+                hint: "load it with padfree_model::tensor::cpu_device(true)",
+            });
+        }
+        let lengths: Vec<usize> = examples.iter().map(Example::len).collect();
+        let plan = TrainPlan::new(&lengths, &config)?;
+        let total_steps = plan.len();
+        let warmup_steps = match config.warmup {
+            Warmup::Steps(steps) => steps,
+            Warmup::Ratio(ratio) => (ratio * total_steps as f64).ceil() as usize,
+        };
+        let schedule = LrSchedule {
+            base: config.learning_rate,
+            kind: config.lr_scheduler_type,
+            warmup_steps,
+            total_steps,
+        };
+        let params = model
+            .params()
+            .into_iter()
+            .map(|p| (p.name().to_owned(), p.value.clone().into_vec()))
+            .collect();
+        let optimizer = AdamW::new(
+            params,
+            config.adam_beta1,
+            config.adam_beta2,
+            config.adam_epsilon,
+            config.weight_decay,
+        );
+        Ok(Self {
+            data_fingerprint: fingerprint(&examples),
+            model,
+            optimizer,
+            schedule,
+            plan,
+            config,
+            examples,
+            output_dir: output_dir.to_owned(),
+            artifacts,
+            global_step: 0,
+            log_history: Vec::new(),
+            step_losses: Vec::new(),
+            real_tokens_seen: 0,
+            last_checkpoint: None,
+        })
+    }
+
+    /// Continues the run saved in `checkpoint_dir`; `model` must be the
+    /// checkpoint's weights (`LlamaModel::from_hf_dir(checkpoint_dir, ..)`).
+    /// The data and every setting that shapes the run must be the saved ones.
+    pub fn resume(
+        model: LlamaModel,
+        checkpoint_dir: &Path,
+        examples: Vec<Example>,
+        config: TrainConfig,
+        output_dir: &Path,
+        artifacts: Vec<(String, Vec<u8>)>,
+    ) -> Result<Self, TrainError> {
+        let mut trainer = Self::new(model, examples, config, output_dir, artifacts)?;
+        checkpoint::restore(&mut trainer, checkpoint_dir)?;
+        Ok(trainer)
+    }
+
+    /// The model, with the weights of the last step.
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    /// The batches of every step.
+    pub fn plan(&self) -> &TrainPlan {
+        &self.plan
+    }
+
+    /// The learning-rate schedule.
+    pub fn schedule(&self) -> &LrSchedule {
+        &self.schedule
+    }
+
+    /// The optimizer, with its moments.
+    pub fn optimizer(&self) -> &AdamW {
+        &self.optimizer
+    }
+
+    /// Steps taken (0 before training).
+    pub fn global_step(&self) -> usize {
+        self.global_step
+    }
+
+    /// Every loss logged so far.
+    pub fn log_history(&self) -> &[LogRecord] {
+        &self.log_history
+    }
+
+    /// The loss of every step taken so far, in order.
+    pub fn step_losses(&self) -> &[f64] {
+        &self.step_losses
+    }
+
+    /// The checkpoint written last, if any.
+    pub fn last_checkpoint(&self) -> Option<&Path> {
+        self.last_checkpoint.as_deref()
+    }
+
+    /// Runs the remaining steps, logging, checkpointing, and writing the
+    /// final model and reports into the output directory.
+    pub fn train(&mut self, observer: &mut dyn Observer) -> Result<TrainSummary, TrainError> {
+        checkpoint::rewrite_metrics(self)?;
+        let started = Instant::now();
+        let first_step = self.global_step;
+        let (mut samples, mut real, mut fed) = (0usize, 0usize, 0usize);
+        let mut interval = Interval::default();
+        let mut interrupted = false;
+        while self.global_step < self.plan.len() {
+            if observer.stop_requested() {
+                interrupted = true;
+                break;
+            }
+            let metrics = self.train_step()?;
+            samples += metrics.examples;
+            real += metrics.real_tokens;
+            fed += metrics.fed_tokens;
+            interval.add(&metrics);
+            observer.on_step(&metrics, self.plan.len());
+            let last = self.global_step == self.plan.len();
+            if self.global_step.is_multiple_of(self.config.logging_steps) || last {
+                let since = self.log_history.last().map_or(0, |r| r.step);
+                let record =
+                    interval.record(&metrics, &self.step_losses[since..], self.real_tokens_seen);
+                checkpoint::append_metrics(self, &record)?;
+                observer.on_log(&record);
+                self.log_history.push(record);
+                interval = Interval::default();
+            }
+            if self.should_save(&metrics) && !last {
+                let dir = self.save_checkpoint()?;
+                observer.on_save(&dir);
+            }
+        }
+        if interrupted && self.global_step > first_step {
+            let dir = self.save_checkpoint()?;
+            observer.on_save(&dir);
+        }
+        let runtime = started.elapsed().as_secs_f64().max(1e-9);
+        let steps = self.global_step - first_step;
+        let own_losses = &self.step_losses[first_step..];
+        let summary = TrainSummary {
+            train_runtime: runtime,
+            train_samples_per_second: samples as f64 / runtime,
+            train_steps_per_second: steps as f64 / runtime,
+            train_tokens_per_second: real as f64 / runtime,
+            real_tokens: real,
+            padded_tokens: fed - real,
+            train_loss: own_losses.iter().sum::<f64>() / own_losses.len().max(1) as f64,
+            final_loss: own_losses.last().copied().unwrap_or(f64::NAN),
+            steps,
+            global_step: self.global_step,
+            peak_memory_bytes: peak_memory_bytes(),
+            interrupted,
+        };
+        if !interrupted {
+            checkpoint::save_final(self, &summary)?;
+        }
+        Ok(summary)
+    }
+
+    fn should_save(&self, metrics: &StepMetrics) -> bool {
+        match self.config.save_strategy {
+            SaveStrategy::No => false,
+            SaveStrategy::Steps(every) => metrics.step.is_multiple_of(every),
+            SaveStrategy::Epoch => self.plan.steps()[metrics.step - 1].ends_epoch(),
+        }
+    }
+
+    /// Writes `checkpoint-{global_step}` now.
+    pub fn save_checkpoint(&mut self) -> Result<PathBuf, TrainError> {
+        let dir = checkpoint::write_checkpoint(self)?;
+        self.last_checkpoint = Some(dir.clone());
+        Ok(dir)
+    }
+
+    /// One optimizer step: every micro-batch of the window forward and
+    /// backward, the loss normalised by the window's label tokens, clipping,
+    /// AdamW. Nothing is applied if the loss or gradient is not finite.
+    pub fn train_step(&mut self) -> Result<StepMetrics, TrainError> {
+        let started = Instant::now();
+        let planned = self.plan.steps()[self.global_step].clone();
+        let micro_batches: Vec<Vec<Example>> = planned
+            .micro_batches
+            .iter()
+            .map(|indices| indices.iter().map(|&i| self.examples[i].clone()).collect())
+            .collect();
+        let label_tokens: usize = micro_batches
+            .iter()
+            .flatten()
+            .map(Example::num_loss_tokens)
+            .sum();
+        let mut grads: Vec<Vec<f32>> = self
+            .model
+            .params()
+            .iter()
+            .map(|p| vec![0.0; p.numel()])
+            .collect();
+        let (mut loss_sum, mut real_tokens, mut fed_tokens, mut examples) = (0.0, 0, 0, 0);
+        for batch in &micro_batches {
+            let pass = self.forward_backward(batch, label_tokens.max(1), &mut grads)?;
+            loss_sum += pass.loss_sum;
+            fed_tokens += pass.fed_tokens;
+            real_tokens += batch.iter().map(Example::len).sum::<usize>();
+            examples += batch.len();
+        }
+        let step = self.global_step + 1;
+        let loss = loss_sum / label_tokens.max(1) as f64;
+        let grad_norm = grads
+            .iter()
+            .flatten()
+            .map(|&g| f64::from(g) * f64::from(g))
+            .sum::<f64>()
+            .sqrt();
+        for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
+            if !value.is_finite() {
+                return Err(TrainError::NonFinite {
+                    step,
+                    what,
+                    value,
+                    last_checkpoint: match &self.last_checkpoint {
+                        Some(dir) => format!("the last good checkpoint is {}", dir.display()),
+                        None => "no checkpoint was written in this run".to_owned(),
+                    },
+                });
+            }
+        }
+        let clip = if self.config.max_grad_norm > 0.0 {
+            (self.config.max_grad_norm / (grad_norm + 1e-6)).min(1.0)
+        } else {
+            1.0
+        };
+        let learning_rate = self.schedule.lr(self.global_step);
+        self.optimizer.step(&grads, clip as f32, learning_rate);
+        self.load_optimizer_values();
+        self.global_step = step;
+        self.real_tokens_seen += real_tokens;
+        self.step_losses.push(loss);
+        Ok(StepMetrics {
+            step,
+            epoch: planned.epoch_progress(),
+            loss,
+            grad_norm,
+            learning_rate,
+            examples,
+            real_tokens,
+            fed_tokens,
+            label_tokens,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Forward and backward of one micro-batch; its gradients, already divided
+    /// by the window's label-token count, are added to `grads`.
+    fn forward_backward(
+        &self,
+        batch: &[Example],
+        window_label_tokens: usize,
+        grads: &mut [Vec<f32>],
+    ) -> Result<Pass, TrainError> {
+        let packed;
+        let padded;
+        let input = match self.config.attention {
+            AttentionMode::Varlen => {
+                packed = flatten(batch)?;
+                ModelInput::Varlen(&packed)
+            }
+            AttentionMode::VarlenPerLayer => {
+                packed = flatten(batch)?;
+                ModelInput::VarlenPerLayer(&packed)
+            }
+            AttentionMode::Padded => {
+                // The pad id is never attended to nor learned; any id will do.
+                padded = pad(batch, 0, None)?;
+                ModelInput::Padded(&padded)
+            }
+        };
+        let fed_tokens = input.input_ids().len();
+        let logits = self.model.forward(&input)?;
+        let loss = causal_lm_loss(logits, &input.targets())?;
+        let loss_sum = loss
+            .sum
+            .clone()
+            .into_vec()
+            .first()
+            .copied()
+            .unwrap_or(f32::NAN);
+        let scaled = loss.sum.div_scalar(window_label_tokens as f64);
+        let gradients = backward(&scaled);
+        for (acc, param) in grads.iter_mut().zip(self.model.params()) {
+            if let Some(g) = grad(&param.value, &gradients) {
+                for (a, v) in acc.iter_mut().zip(g.into_vec()) {
+                    *a += v;
+                }
+            }
+        }
+        Ok(Pass {
+            loss_sum: f64::from(loss_sum),
+            fed_tokens,
+        })
+    }
+
+    /// Puts the optimizer's master values into the model as fresh leaves.
+    fn load_optimizer_values(&mut self) {
+        let device = self.model.device().clone();
+        for (index, param) in self.model.params_mut().into_iter().enumerate() {
+            let dims = param.value.dims();
+            let values = self.optimizer.values(index).to_vec();
+            param.value = trainable(float_tensor(values, dims, &device));
+        }
+    }
+}
+
+struct Pass {
+    loss_sum: f64,
+    fed_tokens: usize,
+}
+
+/// Throughput since the previous log line (of this process).
+#[derive(Default)]
+struct Interval {
+    real_tokens: usize,
+    seconds: f64,
+}
+
+impl Interval {
+    fn add(&mut self, metrics: &StepMetrics) {
+        self.real_tokens += metrics.real_tokens;
+        self.seconds += metrics.seconds;
+    }
+
+    /// `losses`: every step since the previous log line, across a resume.
+    fn record(&self, last: &StepMetrics, losses: &[f64], real_tokens_seen: usize) -> LogRecord {
+        LogRecord {
+            step: last.step,
+            epoch: last.epoch,
+            loss: losses.iter().sum::<f64>() / losses.len().max(1) as f64,
+            grad_norm: last.grad_norm,
+            learning_rate: last.learning_rate,
+            tokens_per_second: self.real_tokens as f64 / self.seconds.max(1e-9),
+            real_tokens_seen,
+        }
+    }
+}
+
+/// FNV-1a over every example's ids and labels: a resumed run must train on
+/// the same data.
+fn fingerprint(examples: &[Example]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |value: u64| {
+        for byte in value.to_le_bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for example in examples {
+        eat(example.len() as u64);
+        example
+            .input_ids()
+            .iter()
+            .for_each(|&id| eat(u64::from(id)));
+        example.labels().iter().for_each(|&label| eat(label as u64));
+    }
+    hash
+}
+
+impl Trainer {
+    pub(crate) fn state(&self) -> TrainerState {
+        TrainerState {
+            format: checkpoint::STATE_FORMAT.to_owned(),
+            global_step: self.global_step,
+            epoch: self
+                .global_step
+                .checked_sub(1)
+                .map_or(0.0, |i| self.plan.steps()[i].epoch_progress()),
+            total_steps: self.plan.len(),
+            optimizer_steps: self.optimizer.steps_taken(),
+            config: self.config.clone(),
+            num_examples: self.examples.len(),
+            data_fingerprint: format!("{:016x}", self.data_fingerprint),
+            real_tokens_seen: self.real_tokens_seen,
+            step_losses: self.step_losses.clone(),
+            log_history: self.log_history.clone(),
+        }
+    }
+}

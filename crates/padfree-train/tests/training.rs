@@ -1,0 +1,348 @@
+//! The training loop against its promises: padded and padding-free training
+//! agree step by step, accumulation is normalised by the window's label
+//! tokens, resume is bit-exact, and bad runs stop cleanly.
+
+use std::path::{Path, PathBuf};
+
+use padfree_model::tensor::{IntoHostVec, cpu_device};
+use padfree_model::{LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
+use padfree_pack::{Example, SplitMix64, flatten};
+use padfree_train::checkpoint::{self, prepare_output_dir};
+use padfree_train::{
+    AttentionMode, Batching, Observer, SaveStrategy, TrainConfig, TrainError, Trainer, Warmup,
+};
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("padfree-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Ragged examples whose first third is a prompt (label -100).
+fn examples(count: usize, vocab: u32, seed: u64) -> Vec<Example> {
+    let mut rng = SplitMix64::new(seed);
+    (0..count)
+        .map(|_| {
+            let len = 4 + rng.below(36) as usize;
+            let ids: Vec<u32> = (0..len)
+                .map(|_| rng.below(u64::from(vocab)) as u32)
+                .collect();
+            let labels = ids
+                .iter()
+                .enumerate()
+                .map(|(t, &id)| if t < len / 3 { -100 } else { i64::from(id) })
+                .collect();
+            Example::new(ids, labels).expect("valid example")
+        })
+        .collect()
+}
+
+fn model(seed: u64) -> LlamaModel {
+    LlamaModel::init(&LlamaConfig::tiny(), seed, &cpu_device(true)).expect("tiny model")
+}
+
+fn config(attention: AttentionMode, steps: usize) -> TrainConfig {
+    TrainConfig {
+        attention,
+        batching: Batching::Examples(4),
+        learning_rate: 3e-3,
+        warmup: Warmup::Steps(2),
+        max_steps: Some(steps),
+        logging_steps: 5,
+        save_strategy: SaveStrategy::No,
+        seed: 7,
+        ..TrainConfig::default()
+    }
+}
+
+fn trainer(config: TrainConfig, dir: &Path) -> Trainer {
+    prepare_output_dir(dir, false, false).expect("output dir");
+    Trainer::new(model(1), examples(40, 128, 3), config, dir, Vec::new()).expect("trainer")
+}
+
+fn params(model: &LlamaModel) -> Vec<Vec<f32>> {
+    model
+        .params()
+        .into_iter()
+        .map(|p| p.value.clone().into_vec())
+        .collect()
+}
+
+fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn padded_and_padding_free_training_agree_over_20_steps() {
+    let mut runs = Vec::new();
+    for attention in [
+        AttentionMode::Varlen,
+        AttentionMode::VarlenPerLayer,
+        AttentionMode::Padded,
+    ] {
+        let dir = scratch_dir(&format!("equiv-{}", attention.name()));
+        let mut t = trainer(config(attention, 20), &dir);
+        let summary = t.train(&mut ()).expect("trains");
+        assert_eq!(summary.steps, 20);
+        runs.push((
+            attention,
+            t.step_losses().to_vec(),
+            params(t.model()),
+            summary,
+        ));
+    }
+    let (_, varlen_losses, varlen_params, varlen_summary) = &runs[0];
+    assert!(
+        varlen_losses[19] < varlen_losses[0],
+        "the loss must fall: {varlen_losses:?}"
+    );
+    assert_eq!(varlen_summary.padded_tokens, 0);
+    for (attention, losses, weights, summary) in &runs[1..] {
+        // The per-layer variant runs the same kernels on the same boundaries.
+        if *attention == AttentionMode::VarlenPerLayer {
+            assert_eq!(
+                losses, varlen_losses,
+                "varlen-per-layer must be bit-identical"
+            );
+            continue;
+        }
+        // Padded rows sum the same products in a different order (longer
+        // rows, masked keys), so f32 rounding differs by ~1e-7 relative per
+        // op; Adam's normalised updates carry that over 20 steps to ~1e-5.
+        for (step, (a, b)) in losses.iter().zip(varlen_losses).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * b.abs(),
+                "step {}: padded {a} vs varlen {b}",
+                step + 1
+            );
+        }
+        let diff = max_abs_diff(weights, varlen_params);
+        assert!(diff < 1e-4, "final weights differ by {diff}");
+        assert!(
+            summary.padded_tokens > 0,
+            "the padded run must have fed pads"
+        );
+    }
+}
+
+#[test]
+fn accumulation_is_normalised_by_the_window_label_tokens() {
+    let one_batch = TrainConfig {
+        batching: Batching::Examples(8),
+        shuffle: false,
+        max_steps: Some(1),
+        ..config(AttentionMode::Varlen, 1)
+    };
+    let accumulated = TrainConfig {
+        batching: Batching::Examples(2),
+        gradient_accumulation_steps: 4,
+        ..one_batch.clone()
+    };
+    let mut a = trainer(one_batch, &scratch_dir("accum-a"));
+    let mut b = trainer(accumulated, &scratch_dir("accum-b"));
+    let (ma, mb) = (a.train_step().expect("step"), b.train_step().expect("step"));
+    assert_eq!(ma.label_tokens, mb.label_tokens);
+    assert!(
+        (ma.loss - mb.loss).abs() < 1e-6 * ma.loss,
+        "{} vs {}",
+        ma.loss,
+        mb.loss
+    );
+    assert!((ma.grad_norm - mb.grad_norm).abs() < 1e-5 * ma.grad_norm);
+    assert!(max_abs_diff(&params(a.model()), &params(b.model())) < 1e-6);
+
+    // A mean of micro-batch means weighs tokens unequally here, so the test
+    // can tell the two normalisations apart.
+    let fresh = model(1);
+    let data = examples(40, 128, 3);
+    let micro_means: Vec<f64> = data[..8]
+        .chunks(2)
+        .map(|pair| {
+            let batch = flatten(pair).expect("flatten");
+            let input = ModelInput::Varlen(&batch);
+            let loss = causal_lm_loss(fresh.forward(&input).expect("forward"), &input.targets())
+                .expect("loss");
+            f64::from(loss.mean().into_vec()[0])
+        })
+        .collect();
+    let mean_of_means = micro_means.iter().sum::<f64>() / 4.0;
+    assert!(
+        (mean_of_means - ma.loss).abs() > 1e-4,
+        "{mean_of_means} vs {}",
+        ma.loss
+    );
+}
+
+/// Asks to stop once `after` steps are done, as Ctrl-C does.
+struct StopAfter(usize, usize);
+
+impl Observer for StopAfter {
+    fn on_step(&mut self, metrics: &padfree_train::StepMetrics, _total: usize) {
+        self.1 = metrics.step;
+    }
+    fn stop_requested(&self) -> bool {
+        self.1 >= self.0
+    }
+}
+
+#[test]
+fn resume_after_an_interruption_is_bit_exact() {
+    let run = TrainConfig {
+        gradient_accumulation_steps: 2,
+        weight_decay: 0.1,
+        ..config(AttentionMode::Varlen, 9)
+    };
+    let straight_dir = scratch_dir("resume-straight");
+    let mut straight = trainer(run.clone(), &straight_dir);
+    straight.train(&mut ()).expect("trains");
+
+    let interrupted_dir = scratch_dir("resume-interrupted");
+    let mut first = trainer(run.clone(), &interrupted_dir);
+    let summary = first.train(&mut StopAfter(4, 0)).expect("trains");
+    assert!(summary.interrupted);
+    assert_eq!(summary.global_step, 4);
+    let saved = interrupted_dir.join("checkpoint-4");
+    assert!(
+        saved.join("model.safetensors").is_file() && saved.join("optimizer.safetensors").is_file()
+    );
+    assert!(
+        !interrupted_dir.join("model.safetensors").exists(),
+        "an interrupted run writes no final model"
+    );
+
+    let weights = LlamaModel::from_hf_dir(&saved, &cpu_device(true)).expect("checkpoint loads");
+    let mut resumed = Trainer::resume(
+        weights,
+        &saved,
+        examples(40, 128, 3),
+        run,
+        &interrupted_dir,
+        Vec::new(),
+    )
+    .expect("resumes");
+    assert_eq!(resumed.global_step(), 4);
+    resumed.train(&mut ()).expect("trains");
+
+    let bits = |losses: &[f64]| losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(resumed.step_losses()), bits(straight.step_losses()));
+    let (pa, pb) = (params(resumed.model()), params(straight.model()));
+    for (a, b) in pa.iter().zip(&pb) {
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "weights differ"
+        );
+    }
+    assert_eq!(
+        resumed.optimizer(),
+        straight.optimizer(),
+        "AdamW moments and step differ"
+    );
+    // metrics.jsonl of the resumed run equals the uninterrupted one's.
+    let metrics =
+        |dir: &Path| std::fs::read_to_string(dir.join(checkpoint::METRICS_FILE)).expect("metrics");
+    let strip_speed = |text: String| -> Vec<String> {
+        text.lines()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).expect("json line");
+                v["tokens_per_second"] = serde_json::Value::Null;
+                v.to_string()
+            })
+            .collect()
+    };
+    assert_eq!(
+        strip_speed(metrics(&interrupted_dir)),
+        strip_speed(metrics(&straight_dir))
+    );
+}
+
+#[test]
+fn resuming_with_other_settings_is_refused_by_name() {
+    let run = TrainConfig {
+        save_strategy: SaveStrategy::Steps(2),
+        ..config(AttentionMode::Varlen, 3)
+    };
+    let dir = scratch_dir("resume-mismatch");
+    trainer(run.clone(), &dir).train(&mut ()).expect("trains");
+    let saved = dir.join("checkpoint-2");
+    let changed = TrainConfig {
+        learning_rate: 1e-3,
+        ..run
+    };
+    let weights = LlamaModel::from_hf_dir(&saved, &cpu_device(true)).expect("loads");
+    let err = Trainer::resume(
+        weights,
+        &saved,
+        examples(40, 128, 3),
+        changed,
+        &dir,
+        Vec::new(),
+    )
+    .expect_err("refused");
+    assert!(err.to_string().contains("learning_rate"), "{err}");
+}
+
+#[test]
+fn a_non_finite_loss_stops_before_the_update_and_keeps_the_last_checkpoint() {
+    let run = TrainConfig {
+        learning_rate: 1e30,
+        warmup: Warmup::Steps(0),
+        max_grad_norm: 0.0,
+        save_strategy: SaveStrategy::Steps(1),
+        ..config(AttentionMode::Varlen, 5)
+    };
+    let dir = scratch_dir("nan");
+    let mut t = trainer(run, &dir);
+    let err = t.train(&mut ()).expect_err("must stop");
+    let TrainError::NonFinite { step, .. } = &err else {
+        panic!("unexpected error: {err}")
+    };
+    assert_eq!(*step, 2);
+    assert!(err.to_string().contains("checkpoint-1"), "{err}");
+    let kept = LlamaModel::from_hf_dir(&dir.join("checkpoint-1"), &cpu_device(false))
+        .expect("checkpoint-1 intact");
+    assert_eq!(kept.params().len(), t.model().params().len());
+}
+
+#[test]
+fn the_output_directory_holds_an_hf_model_metrics_and_a_plot() {
+    let dir = scratch_dir("outputs");
+    let run = TrainConfig {
+        logging_steps: 2,
+        save_strategy: SaveStrategy::Epoch,
+        batching: Batching::Examples(16),
+        ..config(AttentionMode::Varlen, 7)
+    };
+    let artifacts = vec![("tokenizer.json".to_owned(), b"{}".to_vec())];
+    prepare_output_dir(&dir, false, false).expect("fresh dir");
+    let mut t =
+        Trainer::new(model(1), examples(40, 128, 3), run, &dir, artifacts).expect("trainer");
+    let summary = t.train(&mut ()).expect("trains");
+    // 40 examples in batches of 16: 3 steps per epoch, saved at steps 3 and 6.
+    assert!(dir.join("checkpoint-3/tokenizer.json").is_file());
+    assert!(dir.join("checkpoint-6/trainer_state.json").is_file());
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "metrics.jsonl",
+        "loss.png",
+        "train_results.json",
+        "trainer_state.json",
+    ] {
+        assert!(dir.join(file).is_file(), "{file} missing");
+    }
+    let lines = std::fs::read_to_string(dir.join("metrics.jsonl")).expect("metrics");
+    assert_eq!(lines.lines().count(), 4, "steps 2, 4, 6 and the last, 7");
+    let saved = LlamaModel::from_hf_dir(&dir, &cpu_device(false)).expect("final model loads");
+    assert_eq!(max_abs_diff(&params(&saved), &params(t.model())), 0.0);
+    assert!(summary.train_tokens_per_second > 0.0 && summary.peak_memory_bytes.is_some());
+    assert!(
+        prepare_output_dir(&dir, false, false).is_err(),
+        "a non-empty output dir needs --overwrite-output-dir"
+    );
+    assert!(prepare_output_dir(&dir, true, false).is_ok());
+}
