@@ -11,7 +11,7 @@ use padfree_data::{
     TextTokenizer, TokenizeConfig, read_records, read_records_from_str, tokenize_records,
 };
 use padfree_model::gguf::GgufFile;
-use padfree_model::tensor::cpu_device;
+use padfree_model::tensor::{cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
 use padfree_train::checkpoint::{LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, prepare_output_dir};
 use padfree_train::{LogRecord, Observer, StepMetrics, Trainer};
@@ -109,11 +109,16 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         )?,
     };
     println!(
-        "training: {} optimizer steps ({} from step {}), attention {}, output {}",
+        "training: {} optimizer steps ({} from step {}), attention {}{}, output {}",
         trainer.plan().len(),
         trainer.plan().len() - trainer.global_step(),
         trainer.global_step(),
         job.train.attention.name(),
+        if job.gradient_checkpointing {
+            ", gradient checkpointing"
+        } else {
+            ""
+        },
         job.output_dir.display()
     );
     let mut progress = Progress::new(trainer.plan().len(), trainer.global_step())?;
@@ -154,7 +159,11 @@ fn describe_model(job: &TrainJob) -> String {
 }
 
 fn load_model(job: &TrainJob) -> anyhow::Result<LlamaModel> {
-    let device = cpu_device(true);
+    let device = if job.gradient_checkpointing {
+        cpu_device_with_checkpointing()
+    } else {
+        cpu_device(true)
+    };
     if let Some(dir) = &job.resume_from_checkpoint {
         return LlamaModel::from_hf_dir(dir, &device)
             .with_context(|| format!("loading the checkpoint {}", dir.display()));

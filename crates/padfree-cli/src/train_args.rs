@@ -97,6 +97,10 @@ pub struct TrainArgs {
     /// Attention strategy (default: varlen when padding-free, else padded).
     #[arg(long, value_enum)]
     pub attention: Option<AttentionArg>,
+    /// Recompute memory-bound activations in the backward pass instead of
+    /// keeping them (burn's balanced gradient checkpointing).
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// Micro-batches per optimizer step; the loss is normalised by all their label tokens.
     #[arg(long, default_value_t = 1)]
     pub gradient_accumulation_steps: usize,
@@ -170,6 +174,7 @@ pub struct TrainJob {
     pub use_chat_template: bool,
     pub max_seq_len: usize,
     pub overlong: Overlong,
+    pub gradient_checkpointing: bool,
     pub train: TrainConfig,
 }
 
@@ -267,6 +272,7 @@ impl TrainArgs {
                 OverlongArg::Truncate => Overlong::Truncate,
                 OverlongArg::Drop => Overlong::Drop,
             },
+            gradient_checkpointing: self.gradient_checkpointing,
             train,
         })
     }

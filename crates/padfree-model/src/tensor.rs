@@ -12,6 +12,13 @@ pub fn cpu_device(autodiff: bool) -> Device {
     if autodiff { device.autodiff() } else { device }
 }
 
+/// The CPU autodiff device with burn's balanced gradient checkpointing:
+/// memory-bound activations are recomputed in the backward pass instead of
+/// kept, compute-bound ones (matmuls) are kept.
+pub fn cpu_device_with_checkpointing() -> Device {
+    Device::flex().autodiff().gradient_checkpointing()
+}
+
 /// A float tensor from host values in row-major order.
 pub fn float_tensor<const D: usize>(
     values: Vec<f32>,
