@@ -25,6 +25,10 @@ pub enum Command {
     /// Fine-tune a model (padding-free by default). With no arguments: a
     /// short demo run of the `small` preset on the shipped maths dataset.
     Train(Box<crate::train_args::TrainArgs>),
+    /// Train the same model on the same data in each attention mode (padded,
+    /// padding-free with per-layer metadata, padding-free with the collator's)
+    /// and report the table: runtime, real/fed tokens/s, memory, loss.
+    Bench(Box<crate::bench::BenchArgs>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

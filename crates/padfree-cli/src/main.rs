@@ -4,6 +4,7 @@
 //! once into typed configurations that the commands run on.
 
 mod args;
+mod bench;
 mod lengths;
 mod pack;
 mod train;
@@ -18,6 +19,7 @@ fn main() -> std::process::ExitCode {
             .validate()
             .and_then(|config| pack::run(&config))
             .map(|()| false),
+        args::Command::Bench(bench_args) => bench::run(&bench_args).map(|()| false),
         args::Command::Train(train_args) => train_args.validate().and_then(|job| train::run(&job)),
     };
     match result {

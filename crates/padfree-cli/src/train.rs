@@ -41,44 +41,11 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         );
         println!("  other flags at their HF TrainingArguments defaults\n");
     }
-    let model = load_model(job)?;
-    let config = model.config().clone();
-    println!(
-        "model: {} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}, {:.1}M parameters)",
-        describe_model(job),
-        config.num_hidden_layers,
-        config.hidden_size,
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        config.vocab_size,
-        config.num_parameters() as f64 / 1e6
-    );
-    let tokenizer = load_tokenizer(job, config.vocab_size)?;
-    if let Some(tokenizer) = &tokenizer {
-        check_vocabularies(tokenizer, &config)?;
-        println!(
-            "tokenizer: {} ({} tokens)",
-            tokenizer.source_name(),
-            tokenizer.vocab_size()
-        );
-    }
-    let (data_name, records) = match &job.data {
-        Some(path) => (path.clone(), read_records(path, &job.fields)?),
-        None => (
-            PathBuf::from(EMBEDDED_DATA_NAME),
-            read_records_from_str(Path::new(EMBEDDED_DATA_NAME), EMBEDDED_DATA, &job.fields)?,
-        ),
-    };
-    let max_seq_len = job.max_seq_len.min(config.max_position_embeddings);
-    let tokenize = TokenizeConfig {
-        train_on_inputs: job.train_on_inputs,
-        use_chat_template: job.use_chat_template,
-        max_seq_len,
-        overlong: job.overlong,
-        vocab_limit: config.vocab_size,
-    };
-    let dataset = tokenize_records(&data_name, &records, tokenizer.as_ref(), &tokenize)?;
-    println!("data: {}: {}", data_name.display(), dataset.report);
+    let Loaded {
+        model,
+        tokenizer,
+        dataset,
+    } = load(job)?;
 
     let resuming = job.resume_from_checkpoint.is_some();
     prepare_output_dir(&job.output_dir, job.overwrite_output_dir, resuming)?;
@@ -146,6 +113,60 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         out.join(LOSS_PLOT_FILE).display()
     );
     Ok(false)
+}
+
+/// What a training or benchmark run starts from.
+pub struct Loaded {
+    pub model: LlamaModel,
+    pub tokenizer: Option<TextTokenizer>,
+    pub dataset: padfree_data::TokenizedDataset,
+}
+
+/// Loads the model, tokenizer and data of `job`, printing what was loaded.
+pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
+    let model = load_model(job)?;
+    let config = model.config().clone();
+    println!(
+        "model: {} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}, {:.1}M parameters)",
+        describe_model(job),
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.vocab_size,
+        config.num_parameters() as f64 / 1e6
+    );
+    let tokenizer = load_tokenizer(job, config.vocab_size)?;
+    if let Some(tokenizer) = &tokenizer {
+        check_vocabularies(tokenizer, &config)?;
+        println!(
+            "tokenizer: {} ({} tokens)",
+            tokenizer.source_name(),
+            tokenizer.vocab_size()
+        );
+    }
+    let (data_name, records) = match &job.data {
+        Some(path) => (path.clone(), read_records(path, &job.fields)?),
+        None => (
+            PathBuf::from(EMBEDDED_DATA_NAME),
+            read_records_from_str(Path::new(EMBEDDED_DATA_NAME), EMBEDDED_DATA, &job.fields)?,
+        ),
+    };
+    let max_seq_len = job.max_seq_len.min(config.max_position_embeddings);
+    let tokenize = TokenizeConfig {
+        train_on_inputs: job.train_on_inputs,
+        use_chat_template: job.use_chat_template,
+        max_seq_len,
+        overlong: job.overlong,
+        vocab_limit: config.vocab_size,
+    };
+    let dataset = tokenize_records(&data_name, &records, tokenizer.as_ref(), &tokenize)?;
+    println!("data: {}: {}", data_name.display(), dataset.report);
+    Ok(Loaded {
+        model,
+        tokenizer,
+        dataset,
+    })
 }
 
 fn describe_model(job: &TrainJob) -> String {

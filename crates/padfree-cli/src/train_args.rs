@@ -279,18 +279,26 @@ impl TrainArgs {
 }
 
 /// `runs/train-YYYYMMDD-HHMMSS` (UTC): a new directory for every run.
-fn default_output_dir() -> PathBuf {
+pub fn default_output_dir() -> PathBuf {
+    let (year, month, day, hour, minute, second) = utc_now();
+    PathBuf::from(format!(
+        "runs/train-{year:04}{month:02}{day:02}-{hour:02}{minute:02}{second:02}"
+    ))
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC`, for reports.
+pub fn utc_timestamp() -> String {
+    let (year, month, day, hour, minute, second) = utc_now();
+    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02} UTC")
+}
+
+fn utc_now() -> (i64, u32, u32, u64, u64, u64) {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let (days, rest) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil_from_days(days as i64);
-    PathBuf::from(format!(
-        "runs/train-{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    ))
+    (year, month, day, rest / 3600, rest % 3600 / 60, rest % 60)
 }
 
 /// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).

@@ -299,3 +299,75 @@ fn smollm2_fine_tunes_from_its_gguf() {
         "the chat template travels with the model"
     );
 }
+
+#[test]
+fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
+    let dir = scratch("bench");
+    let config = tiny_config_with_shipped_vocab(&dir);
+    let data = dir.join("train.jsonl");
+    std::fs::write(&data, first_records(24)).expect("write data");
+    let out = dir.join("out");
+    let output = padfree(&[
+        "bench",
+        "--config",
+        &config,
+        "--data",
+        &data.display().to_string(),
+        "--max-steps",
+        "2",
+        "--timing-warmup-steps",
+        "1",
+        "--per-device-train-batch-size",
+        "4",
+        "--threads",
+        "1",
+        "--output-dir",
+        &out.display().to_string(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for expected in [
+        "padfree, padded",
+        "metadata derived in every layer",
+        "metadata from the collator",
+        "% of ideal",
+        "losses agree",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "`{expected}` missing from:\n{stdout}"
+        );
+    }
+    for file in ["bench.md", "bench.json", "bench.png"] {
+        assert!(out.join(file).is_file(), "{file} missing");
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).expect("json"))
+            .expect("valid json");
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 3);
+    let field = |r: &serde_json::Value, name: &str| r[name].as_f64().unwrap_or(f64::NAN);
+    let (padded, varlen) = (&results[0], &results[2]);
+    assert_eq!(
+        field(padded, "real_tokens"),
+        field(varlen, "real_tokens"),
+        "the same timed batches"
+    );
+    assert!(
+        field(padded, "fed_tokens") > field(padded, "real_tokens"),
+        "the padded run fed pads"
+    );
+    assert_eq!(field(varlen, "fed_tokens"), field(varlen, "real_tokens"));
+    let losses = |r: &serde_json::Value| -> Vec<f64> {
+        r["step_losses"]
+            .as_array()
+            .expect("losses")
+            .iter()
+            .filter_map(|l| l.as_f64())
+            .collect()
+    };
+    assert_eq!(losses(varlen).len(), 3, "warm-up step plus two timed steps");
+    for (a, b) in losses(padded).iter().zip(losses(varlen)) {
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "padded {a} vs varlen {b}");
+    }
+}

@@ -1,0 +1,133 @@
+"""The peer of `padfree bench`: Hugging Face's Trainer on the batches, initial
+weights and settings that padfree exported, padded or with
+`DataCollatorWithFlattening`, reporting the same measurements as JSON.
+
+    python bench/hf_peer/hf_peer.py --peer-dir runs/bench-.../peer --mode flattening --out result.json
+
+`padfree bench --peer-python PYTHON` runs it for both modes and prints the
+comparison; bench/hf_peer/setup.sh makes a virtual environment for it.
+"""
+
+import argparse
+import json
+import os
+import resource
+import tempfile
+import time
+
+import torch
+import transformers
+from torch.utils.data import Dataset, SequentialSampler
+from transformers import (DataCollatorWithFlattening, LlamaForCausalLM, Trainer, TrainerCallback,
+                          TrainingArguments)
+
+
+class Examples(Dataset):
+    def __init__(self, examples):
+        self.examples = examples
+
+    def __len__(self):
+        return len(self.examples)
+
+    def __getitem__(self, index):
+        return self.examples[index]
+
+
+def pad_collator(features):
+    """Right padding to the longest example: pad id 0 (masked), labels -100."""
+    longest = max(len(f["input_ids"]) for f in features)
+    ids, labels, mask = [], [], []
+    for f in features:
+        pad = longest - len(f["input_ids"])
+        ids.append(f["input_ids"] + [0] * pad)
+        # As padfree's padded batch: the first label of an example is never predicted.
+        labels.append([-100] + f["labels"][1:] + [-100] * pad)
+        mask.append([1] * len(f["input_ids"]) + [0] * pad)
+    return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "attention_mask": torch.tensor(mask)}
+
+
+class InOrder(Trainer):
+    """The exported order is the order: no shuffling."""
+
+    def _get_train_sampler(self, *args, **kwargs):
+        return SequentialSampler(self.train_dataset)
+
+
+class StepClock(TrainerCallback):
+    def __init__(self):
+        self.times = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer-dir", required=True)
+    parser.add_argument("--mode", choices=["padded", "flattening"], required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    with open(os.path.join(args.peer_dir, "settings.json")) as f:
+        settings = json.load(f)
+    batches = []
+    with open(os.path.join(args.peer_dir, "batches.jsonl")) as f:
+        for line in f:
+            batches.append(json.loads(line)["examples"])
+    torch.set_num_threads(settings["threads"])
+    torch.manual_seed(settings["seed"])
+
+    model = LlamaForCausalLM.from_pretrained(os.path.join(args.peer_dir, "model"), dtype=torch.float32,
+                                             attn_implementation="sdpa")
+    model.config.use_cache = False  # transformers detects packed rows only without a cache
+    batch_size = settings["per_device_train_batch_size"]
+    if any(len(b) != batch_size for b in batches):
+        raise SystemExit("every exported batch must hold per_device_train_batch_size examples")
+    examples = [e for batch in batches for e in batch]
+    steps = len(batches)
+    with tempfile.TemporaryDirectory() as out:
+        training_args = TrainingArguments(
+            output_dir=out, per_device_train_batch_size=batch_size, max_steps=steps,
+            learning_rate=settings["learning_rate"], weight_decay=settings["weight_decay"],
+            adam_beta1=settings["adam_beta1"], adam_beta2=settings["adam_beta2"],
+            adam_epsilon=settings["adam_epsilon"], max_grad_norm=settings["max_grad_norm"],
+            lr_scheduler_type="linear", warmup_steps=0, logging_steps=1, save_strategy="no",
+            report_to=[], seed=settings["seed"], use_cpu=True, dataloader_num_workers=0,
+            remove_unused_columns=False, optim="adamw_torch", disable_tqdm=True,
+        )
+        collator = pad_collator if args.mode == "padded" else DataCollatorWithFlattening(return_tensors="pt")
+        clock = StepClock()
+        trainer = InOrder(model=model, args=training_args, train_dataset=Examples(examples),
+                          data_collator=collator, callbacks=[clock])
+        start = time.perf_counter()
+        trainer.train()
+    warmup = settings["timing_warmup_steps"]
+    timed_from = clock.times[warmup - 1] if warmup > 0 else start
+    seconds = clock.times[-1] - timed_from
+    timed = batches[warmup:]
+    real = sum(len(e["input_ids"]) for b in timed for e in b)
+    fed = real if args.mode == "flattening" else sum(len(b) * max(len(e["input_ids"]) for e in b) for b in timed)
+    samples = sum(len(b) for b in timed)
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    result = {
+        "mode": f"hf-{args.mode}",
+        "timed_steps": len(timed),
+        "train_runtime": seconds,
+        "real_tokens": real,
+        "fed_tokens": fed,
+        "samples": samples,
+        "real_tokens_per_second": real / seconds,
+        "fed_tokens_per_second": fed / seconds,
+        "samples_per_second": samples / seconds,
+        "padding_fraction": 1.0 - real / fed,
+        "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "final_loss": losses[-1],
+        "step_losses": losses,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

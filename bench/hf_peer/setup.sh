@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Makes .venv-peer/ with the Hugging Face stack the peer benchmark runs on
+# (from PyPI; the torch wheel is large). Then:
+#   padfree bench --peer-python .venv-peer/bin/python
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+python3 -m venv .venv-peer
+.venv-peer/bin/pip install --quiet torch==2.15.0 transformers==5.24.0 safetensors accelerate==1.15.0
+.venv-peer/bin/python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
