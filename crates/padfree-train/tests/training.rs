@@ -348,7 +348,13 @@ fn the_output_directory_holds_an_hf_model_metrics_and_a_plot() {
 }
 
 #[test]
-fn gradient_checkpointing_changes_memory_not_results() {
+fn gradient_checkpointing_leaves_results_bit_identical() {
+    let strategy = cpu_device_with_checkpointing().gradient_checkpointing_strategy();
+    assert_eq!(
+        format!("{strategy:?}"),
+        "Some(Balanced)",
+        "checkpointing must be on"
+    );
     let run = config(AttentionMode::Varlen, 5);
     let mut plain = trainer(run.clone(), &scratch_dir("ckpt-plain"));
     plain.train(&mut ()).expect("trains");
