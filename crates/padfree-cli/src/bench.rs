@@ -87,14 +87,6 @@ pub struct ModeResult {
     pub step_losses: Vec<f64>,
 }
 
-fn mode_of(arg: AttentionArg) -> AttentionMode {
-    match arg {
-        AttentionArg::Varlen => AttentionMode::Varlen,
-        AttentionArg::VarlenPerLayer => AttentionMode::VarlenPerLayer,
-        AttentionArg::Padded => AttentionMode::Padded,
-    }
-}
-
 fn label(mode: &str) -> &str {
     match mode {
         "padded" => "padfree, padded",
@@ -112,10 +104,7 @@ impl BenchArgs {
             bail!("--max-steps must be at least 1");
         }
         let model = match &self.model {
-            Some(path) if path.extension().is_some_and(|e| e == "gguf") => {
-                ModelSource::Gguf(path.clone())
-            }
-            Some(path) => ModelSource::HfDir(path.clone()),
+            Some(path) => ModelSource::from_model_path(path),
             None => ModelSource::Init(self.config.clone()),
         };
         let train = TrainConfig {
@@ -185,12 +174,12 @@ impl BenchArgs {
 }
 
 fn mode_name(arg: AttentionArg) -> &'static str {
-    mode_of(arg).name()
+    AttentionMode::from(arg).name()
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if let (Some(mode), Some(result)) = (args.child_mode, &args.child_result) {
-        return run_child(args, mode_of(mode), result);
+        return run_child(args, AttentionMode::from(mode), result);
     }
     let output_dir = args.output_dir.clone().unwrap_or_else(|| {
         let train_dir = default_output_dir();

@@ -16,7 +16,7 @@ use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
 use padfree_train::checkpoint::{LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, prepare_output_dir};
 use padfree_train::{LogRecord, Observer, StepMetrics, Trainer};
 
-use crate::train_args::{ModelSource, TrainJob};
+use crate::train_args::{ModelSource, TrainJob, is_gguf};
 
 const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
 const EMBEDDED_DATA: &str = include_str!("../../../data/gsm-symbolic/train.jsonl");
@@ -241,7 +241,7 @@ fn embedded_tokenizer() -> anyhow::Result<TextTokenizer> {
 }
 
 fn load_tokenizer_file(path: &Path) -> anyhow::Result<TextTokenizer> {
-    if path.extension().is_none_or(|e| e != "gguf") {
+    if !is_gguf(path) {
         return Ok(TextTokenizer::from_file(path)?);
     }
     let file = GgufFile::open(path)?;

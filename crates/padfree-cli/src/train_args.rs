@@ -1,7 +1,7 @@
 //! `padfree train` flags (named after HF `TrainingArguments`), parsed by clap
 //! and validated once into a [`TrainJob`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use clap::ValueEnum;
@@ -158,6 +158,32 @@ pub enum ModelSource {
     Init(String),
 }
 
+impl From<AttentionArg> for AttentionMode {
+    fn from(arg: AttentionArg) -> Self {
+        match arg {
+            AttentionArg::Varlen => AttentionMode::Varlen,
+            AttentionArg::VarlenPerLayer => AttentionMode::VarlenPerLayer,
+            AttentionArg::Padded => AttentionMode::Padded,
+        }
+    }
+}
+
+/// Whether a model or tokenizer path names a GGUF file.
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gguf")
+}
+
+impl ModelSource {
+    /// `--model PATH`: a GGUF file or an HF directory.
+    pub fn from_model_path(path: &Path) -> Self {
+        if is_gguf(path) {
+            Self::Gguf(path.to_owned())
+        } else {
+            Self::HfDir(path.to_owned())
+        }
+    }
+}
+
 /// A validated `padfree train` invocation.
 #[derive(Debug, Clone)]
 pub struct TrainJob {
@@ -185,19 +211,14 @@ impl TrainArgs {
             && self.tokenizer.is_none()
             && self.data.is_none();
         let model = match (&self.model, &self.config) {
-            (Some(path), _) if path.extension().is_some_and(|e| e == "gguf") => {
-                ModelSource::Gguf(path.clone())
-            }
-            (Some(path), _) => ModelSource::HfDir(path.clone()),
+            (Some(path), _) => ModelSource::from_model_path(path),
             (None, Some(config)) => ModelSource::Init(config.clone()),
             (None, None) => ModelSource::Init("small".into()),
         };
         let attention = match (self.padding_free, self.attention) {
-            (true, None | Some(AttentionArg::Varlen)) => AttentionMode::Varlen,
-            (true, Some(AttentionArg::VarlenPerLayer)) => AttentionMode::VarlenPerLayer,
-            (true, Some(AttentionArg::Padded)) | (false, None | Some(AttentionArg::Padded)) => {
-                AttentionMode::Padded
-            }
+            (true, None) => AttentionMode::Varlen,
+            (true, Some(arg)) => arg.into(),
+            (false, None | Some(AttentionArg::Padded)) => AttentionMode::Padded,
             (false, Some(_)) => {
                 bail!(
                     "--padding-free false trains on padded batches; --attention varlen needs a flattened batch\nHINT: drop one of the two flags"
