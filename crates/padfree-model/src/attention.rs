@@ -7,6 +7,7 @@ use crate::param::Param;
 use crate::rope::Rope;
 use crate::tensor::{
     Bool, Device, Tensor, cat, causal_mask, linear, mask_fill, narrow, softmax_last,
+    varlen_attention,
 };
 
 /// A causal mask (`[1, 1, len, len]`) for every distinct example length of a
@@ -38,6 +39,18 @@ impl CausalMasks {
     }
 }
 
+/// How padding-free attention is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VarlenKernel {
+    /// padfree's fused kernel (`varlen_kernel`): one call per layer for the
+    /// whole batch, with its own backward pass. The default.
+    #[default]
+    Fused,
+    /// One attention per example built from burn tensor ops: slow, obvious,
+    /// kept as the oracle the fused kernel is tested against.
+    Composed,
+}
+
 /// How the rows of a forward pass are grouped into sequences that may attend
 /// to each other. Built once per forward pass and handed to every layer.
 #[derive(Debug, Clone)]
@@ -46,13 +59,20 @@ pub enum AttentionLayout<'a> {
     Varlen {
         /// The collator's boundaries.
         meta: &'a BatchMeta,
-        /// Causal masks of the batch's example lengths.
+        /// Fused or composed.
+        kernel: VarlenKernel,
+        /// Causal masks of the batch's example lengths (composed kernel only).
         masks: &'a CausalMasks,
     },
     /// One flattened row; every layer derives the boundaries from the
     /// `position_ids` itself (the reference system's slower variant, kept to
     /// measure what computing them once saves).
-    VarlenPerLayer(&'a [u32]),
+    VarlenPerLayer {
+        /// The batch's positions, restarting at 0 for every example.
+        position_ids: &'a [u32],
+        /// Fused or composed.
+        kernel: VarlenKernel,
+    },
     /// `B` rows of `L` tokens; `mask` is `[B, 1, L, L]`, true where a query may
     /// not see a key (the future, or a pad).
     Padded {
@@ -100,13 +120,30 @@ impl Attention {
         let k = rope.apply(linear(x.clone(), &self.k_proj.value).reshape([n, hkv, d]));
         let v = linear(x, &self.v_proj.value).reshape([n, hkv, d]);
         let context = match layout {
-            AttentionLayout::Varlen { meta, masks } => self.varlen(q, k, v, meta, masks),
-            AttentionLayout::VarlenPerLayer(position_ids) => {
+            AttentionLayout::Varlen {
+                meta,
+                kernel: VarlenKernel::Fused,
+                ..
+            } => self.fused(q, k, v, meta)?,
+            AttentionLayout::Varlen {
+                meta,
+                kernel: VarlenKernel::Composed,
+                masks,
+            } => self.varlen(q, k, v, meta, masks),
+            AttentionLayout::VarlenPerLayer {
+                position_ids,
+                kernel,
+            } => {
                 // Everything the collator would have handed over, derived again here.
                 let meta = BatchMeta::derive_from_position_ids(position_ids)
                     .map_err(|err| ModelError::Batch(format!("position_ids: {err}")))?;
-                let masks = CausalMasks::new(meta.seq_lens(), &q.device());
-                self.varlen(q, k, v, &meta, &masks)
+                match kernel {
+                    VarlenKernel::Fused => self.fused(q, k, v, &meta)?,
+                    VarlenKernel::Composed => {
+                        let masks = CausalMasks::new(meta.seq_lens(), &q.device());
+                        self.varlen(q, k, v, &meta, &masks)
+                    }
+                }
             }
             AttentionLayout::Padded {
                 batch_size,
@@ -115,6 +152,27 @@ impl Attention {
             } => self.padded(q, k, v, *batch_size, *seq_len, (**mask).clone()),
         };
         Ok(linear(context, &self.o_proj.value))
+    }
+
+    /// The fused kernel: every example of the batch in one call.
+    ///
+    /// `q`: `[T, H, D]`, `k`, `v`: `[T, Hkv, D]` -> `[T, H * D]`.
+    fn fused(
+        &self,
+        q: Tensor<3>,
+        k: Tensor<3>,
+        v: Tensor<3>,
+        meta: &BatchMeta,
+    ) -> Result<Tensor<2>, ModelError> {
+        let total = q.dims()[0];
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let context = varlen_attention(q, k, v, meta.cu_seqlens(), scale).map_err(|err| {
+            ModelError::Batch(format!(
+                "{}\nHINT: use the composed attention (VarlenKernel::Composed) for this tensor type",
+                err.0
+            ))
+        })?;
+        Ok(context.reshape([total, self.num_heads * self.head_dim]))
     }
 
     /// Each example attends causally to itself only: one small attention per

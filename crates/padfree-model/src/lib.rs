@@ -29,12 +29,13 @@ mod param;
 mod rope;
 mod safetensors_io;
 pub mod tensor;
+mod varlen_kernel;
 
-pub use attention::{AttentionLayout, CausalMasks};
+pub use attention::{AttentionLayout, CausalMasks, VarlenKernel};
 pub use config::LlamaConfig;
 pub use error::ModelError;
 pub use gguf_tokenizer::tokenizer_from_gguf;
-pub use loss::{LossSum, causal_lm_loss};
+pub use loss::{LabelRows, LossSum, causal_lm_loss};
 pub use model::{LlamaModel, ModelInput};
 pub use param::Param;
 pub use safetensors_io::write_atomically;

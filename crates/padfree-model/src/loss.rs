@@ -1,7 +1,7 @@
 use padfree_pack::IGNORE_INDEX;
 
 use crate::error::ModelError;
-use crate::tensor::{Tensor, gather_columns, int_tensor_nd};
+use crate::tensor::{Device, Int, Tensor, gather_columns, int_tensor_nd};
 
 /// The summed cross-entropy of a batch and the number of label tokens in it.
 ///
@@ -33,45 +33,95 @@ impl LossSum {
 /// `logits`: `[N, V]`; `targets`: `[N]`.
 pub fn causal_lm_loss(logits: Tensor<2>, targets: &[i64]) -> Result<LossSum, ModelError> {
     let [rows, vocab] = logits.dims();
-    if targets.len() != rows {
-        return Err(ModelError::Batch(format!(
-            "{} targets for {rows} rows of logits",
-            targets.len()
-        )));
+    let labels = LabelRows::new(targets, rows, vocab)?;
+    if labels.is_empty() {
+        return Ok(LossSum::empty(logits));
     }
-    let mut kept_rows = Vec::new();
-    let mut kept_targets = Vec::new();
-    for (row, &target) in targets.iter().enumerate() {
-        if target == IGNORE_INDEX {
-            continue;
+    let rows = labels.rows_tensor(&logits.device());
+    let kept = logits.select(0, rows);
+    Ok(cross_entropy_sum(kept, &labels))
+}
+
+/// The rows of a batch that carry a label, and those labels.
+///
+/// Found once per batch: the loss and the model's "logits only where a
+/// label is" path both work on these rows alone.
+#[derive(Debug, Clone, Default)]
+pub struct LabelRows {
+    rows: Vec<i64>,
+    targets: Vec<i64>,
+}
+
+impl LabelRows {
+    /// Checks `targets` (`[N]`, -100 = none) against `rows` and the vocabulary.
+    pub fn new(targets: &[i64], rows: usize, vocab: usize) -> Result<Self, ModelError> {
+        if targets.len() != rows {
+            return Err(ModelError::Batch(format!(
+                "{} targets for {rows} rows",
+                targets.len()
+            )));
         }
-        if target < 0 || target as u64 >= vocab as u64 {
-            return Err(ModelError::TokenOutOfVocab {
-                index: row,
-                id: target as u64,
-                vocab_size: vocab,
-            });
+        let mut labels = Self::default();
+        for (row, &target) in targets.iter().enumerate() {
+            if target == IGNORE_INDEX {
+                continue;
+            }
+            if target < 0 || target as u64 >= vocab as u64 {
+                return Err(ModelError::TokenOutOfVocab {
+                    index: row,
+                    id: target as u64,
+                    vocab_size: vocab,
+                });
+            }
+            labels.rows.push(row as i64);
+            labels.targets.push(target);
         }
-        kept_rows.push(row as i64);
-        kept_targets.push(target);
+        Ok(labels)
     }
-    let num_tokens = kept_rows.len();
-    if num_tokens == 0 {
-        // Keep the graph connected so backward still runs on an all-ignored batch.
-        return Ok(LossSum {
-            sum: logits.sum().mul_scalar(0.0),
-            num_tokens,
-        });
+
+    /// Number of label tokens, `K`.
+    pub fn len(&self) -> usize {
+        self.rows.len()
     }
-    let device = logits.device();
-    let kept = logits.select(0, int_tensor_nd(kept_rows, [num_tokens], &device));
+
+    /// True when no row has a label.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// `[K]` indices of the labelled rows.
+    pub(crate) fn rows_tensor(&self, device: &Device) -> Tensor<1, Int> {
+        int_tensor_nd(self.rows.clone(), [self.rows.len()], device)
+    }
+
+    /// `[K]` the labels of those rows.
+    pub(crate) fn targets_tensor(&self, device: &Device) -> Tensor<1, Int> {
+        int_tensor_nd(self.targets.clone(), [self.targets.len()], device)
+    }
+}
+
+impl LossSum {
+    /// A zero loss that keeps the graph connected, so backward still runs on
+    /// a batch without labels.
+    pub(crate) fn empty(anything: Tensor<2>) -> Self {
+        Self {
+            sum: anything.sum().mul_scalar(0.0),
+            num_tokens: 0,
+        }
+    }
+}
+
+/// Summed cross-entropy of the labelled rows' logits, `[K, V]`.
+pub(crate) fn cross_entropy_sum(kept: Tensor<2>, labels: &LabelRows) -> LossSum {
+    let num_tokens = labels.len();
+    let device = kept.device();
     // log p = x - logsumexp(x), with the row maximum subtracted for stability.
     let max = kept.clone().max_dim(1).detach();
     let shifted = kept - max;
     let log_norm = shifted.clone().exp().sum_dim(1).log().reshape([num_tokens]);
-    let picked = gather_columns(shifted, int_tensor_nd(kept_targets, [num_tokens], &device));
-    Ok(LossSum {
+    let picked = gather_columns(shifted, labels.targets_tensor(&device));
+    LossSum {
         sum: (log_norm - picked).sum(),
         num_tokens,
-    })
+    }
 }

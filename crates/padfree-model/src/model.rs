@@ -1,10 +1,11 @@
 use padfree_pack::{PackedBatch, PaddedBatch, SplitMix64};
 
-use crate::attention::{Attention, AttentionLayout, CausalMasks};
+use crate::attention::{Attention, AttentionLayout, CausalMasks, VarlenKernel};
 use crate::config::LlamaConfig;
 use crate::decoder::DecoderLayer;
 use crate::embedding::Embedding;
 use crate::error::ModelError;
+use crate::loss::{LabelRows, LossSum, cross_entropy_sum};
 use crate::mlp::Mlp;
 use crate::norm::RmsNorm;
 use crate::param::Param;
@@ -72,6 +73,7 @@ pub struct LlamaModel {
     pub(crate) norm: RmsNorm,
     /// `None` when tied to the embedding.
     pub(crate) lm_head: Option<Param>,
+    varlen_kernel: VarlenKernel,
 }
 
 impl LlamaModel {
@@ -170,7 +172,20 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
+            varlen_kernel: VarlenKernel::default(),
         })
+    }
+
+    /// The same model computing padding-free attention with `kernel`
+    /// (the fused one unless told otherwise).
+    pub fn with_varlen_kernel(mut self, kernel: VarlenKernel) -> Self {
+        self.varlen_kernel = kernel;
+        self
+    }
+
+    /// How padding-free attention is computed.
+    pub fn varlen_kernel(&self) -> VarlenKernel {
+        self.varlen_kernel
     }
 
     /// The architecture.
@@ -232,6 +247,34 @@ impl LlamaModel {
     /// Logits of every row of the batch, `[N, V]` with `N = T` (flattened) or
     /// `B * L` (padded, row-major).
     pub fn forward(&self, input: &ModelInput<'_>) -> Result<Tensor<2>, ModelError> {
+        Ok(linear(self.hidden_states(input)?, &self.head().value))
+    }
+
+    /// The summed next-token loss of a batch, with logits computed only for
+    /// the rows that carry a label.
+    ///
+    /// Same value and gradients as `causal_lm_loss(forward(input), targets)`
+    /// (the oracle it is tested against), without the `[N, V]` logits of
+    /// prompt tokens and pads: on the shipped data half the rows have no
+    /// label, and the head is the largest matrix of a small model.
+    pub fn loss_sum(&self, input: &ModelInput<'_>) -> Result<LossSum, ModelError> {
+        let hidden = self.hidden_states(input)?;
+        let [rows, _] = hidden.dims();
+        let labels = LabelRows::new(&input.targets(), rows, self.config.vocab_size)?;
+        if labels.is_empty() {
+            return Ok(LossSum::empty(hidden));
+        }
+        let kept = hidden.select(0, labels.rows_tensor(&self.device));
+        Ok(cross_entropy_sum(linear(kept, &self.head().value), &labels))
+    }
+
+    /// The LM head: its own matrix, or the embedding when tied.
+    fn head(&self) -> &Param {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens.weight)
+    }
+
+    /// The final-norm output of every row, `[N, C]`.
+    pub fn hidden_states(&self, input: &ModelInput<'_>) -> Result<Tensor<2>, ModelError> {
         self.check_input(input)?;
         let rope = Rope::new(
             input.position_ids(),
@@ -242,15 +285,22 @@ impl LlamaModel {
         let masks;
         let layout = match input {
             ModelInput::Varlen(batch) => {
-                masks = CausalMasks::new(batch.meta().seq_lens(), &self.device);
+                // Only the composed kernel reads masks.
+                let lengths = match self.varlen_kernel {
+                    VarlenKernel::Fused => Vec::new(),
+                    VarlenKernel::Composed => batch.meta().seq_lens().collect(),
+                };
+                masks = CausalMasks::new(lengths, &self.device);
                 AttentionLayout::Varlen {
                     meta: batch.meta(),
+                    kernel: self.varlen_kernel,
                     masks: &masks,
                 }
             }
-            ModelInput::VarlenPerLayer(batch) => {
-                AttentionLayout::VarlenPerLayer(batch.position_ids())
-            }
+            ModelInput::VarlenPerLayer(batch) => AttentionLayout::VarlenPerLayer {
+                position_ids: batch.position_ids(),
+                kernel: self.varlen_kernel,
+            },
             ModelInput::Padded(batch) => AttentionLayout::Padded {
                 batch_size: batch.batch_size(),
                 seq_len: batch.seq_len(),
@@ -263,9 +313,7 @@ impl LlamaModel {
         for layer in &self.layers {
             x = layer.forward(x, &rope, &layout)?;
         }
-        let x = self.norm.forward(x);
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens.weight);
-        Ok(linear(x, &head.value))
+        Ok(self.norm.forward(x))
     }
 
     fn check_input(&self, input: &ModelInput<'_>) -> Result<(), ModelError> {

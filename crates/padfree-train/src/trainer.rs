@@ -2,7 +2,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use padfree_model::tensor::{IntoHostVec, backward, float_tensor, grad, trainable};
-use padfree_model::{LlamaModel, ModelInput, causal_lm_loss};
+use padfree_model::{LlamaModel, ModelInput};
 use padfree_pack::{Example, flatten, pad};
 
 use crate::checkpoint::{self, TrainerState};
@@ -344,8 +344,7 @@ impl Trainer {
             }
         };
         let fed_tokens = input.input_ids().len();
-        let logits = self.model.forward(&input)?;
-        let loss = causal_lm_loss(logits, &input.targets())?;
+        let loss = self.model.loss_sum(&input)?;
         let loss_sum = loss
             .sum
             .clone()
