@@ -57,6 +57,11 @@ pub struct BenchArgs {
     /// Where bench.md, bench.json and bench.png go (default runs/bench-<time>).
     #[arg(long)]
     pub output_dir: Option<PathBuf>,
+    /// Runs of every mode; the table shows each mode's median run (by real
+    /// tokens/s) and the range over all runs. Rounds alternate the modes, so
+    /// a slow spell of the machine is spread over all of them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeats: u32,
     /// Also run Hugging Face's Trainer (bench/hf_peer/hf_peer.py) with this
     /// Python, padded and with DataCollatorWithFlattening, on the same batches,
     /// initial weights, settings and threads.
@@ -190,39 +195,25 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     });
     std::fs::create_dir_all(&output_dir)
         .with_context(|| format!("creating {}", output_dir.display()))?;
-    let exe = std::env::current_exe().context("finding the padfree binary")?;
-    let mut results = Vec::new();
-    for &mode in &args.modes {
-        let result_path = output_dir.join(format!(".result-{}.json", mode_name(mode)));
-        println!(
-            "running {} ({} + {} steps) ...",
-            label(mode_name(mode)),
-            args.timing_warmup_steps,
-            args.max_steps
-        );
-        let mut command = Command::new(&exe);
-        command.args(args.child_args(mode, &result_path));
-        command.env("RAYON_NUM_THREADS", threads(args).to_string());
-        let output = command.output().context("starting a benchmark run")?;
-        if !output.status.success() {
-            bail!(
-                "the {} run failed:\n{}{}",
-                mode_name(mode),
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        let text = std::fs::read_to_string(&result_path)
-            .with_context(|| format!("reading {}", result_path.display()))?;
-        results.push(serde_json::from_str::<ModeResult>(&text)?);
-        std::fs::remove_file(&result_path).ok();
-    }
     let peer = match &args.peer_python {
-        Some(python) => run_peer(args, python, &output_dir)?,
-        None => Vec::new(),
+        Some(python) => Some((python.as_path(), export_peer(args, &output_dir)?)),
+        None => None,
     };
-    results.extend(peer);
-    let report = Report::new(args, results);
+    let mut runs = Vec::new();
+    for round in 1..=args.repeats {
+        if args.repeats > 1 {
+            println!("round {round} of {}", args.repeats);
+        }
+        for &mode in &args.modes {
+            runs.push(run_mode(args, mode, &output_dir)?);
+        }
+        if let Some((python, peer_dir)) = &peer {
+            for mode in ["padded", "flattening"] {
+                runs.push(run_peer_mode(args, python, peer_dir, mode)?);
+            }
+        }
+    }
+    let report = Report::new(args, runs);
     println!("\n{}", report.table());
     println!("{}", report.findings());
     report.write(&output_dir)?;
@@ -233,14 +224,43 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One padfree mode in a child process.
+fn run_mode(args: &BenchArgs, mode: AttentionArg, output_dir: &Path) -> anyhow::Result<ModeResult> {
+    let exe = std::env::current_exe().context("finding the padfree binary")?;
+    let result_path = output_dir.join(format!(".result-{}.json", mode_name(mode)));
+    println!(
+        "running {} ({} + {} steps) ...",
+        label(mode_name(mode)),
+        args.timing_warmup_steps,
+        args.max_steps
+    );
+    let mut command = Command::new(&exe);
+    command.args(args.child_args(mode, &result_path));
+    command.env("RAYON_NUM_THREADS", threads(args).to_string());
+    let output = command.output().context("starting a benchmark run")?;
+    if !output.status.success() {
+        bail!(
+            "the {} run failed:\n{}{}",
+            mode_name(mode),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let text = std::fs::read_to_string(&result_path)
+        .with_context(|| format!("reading {}", result_path.display()))?;
+    let result = serde_json::from_str::<ModeResult>(&text)?;
+    std::fs::remove_file(&result_path).ok();
+    Ok(result)
+}
+
 fn threads(args: &BenchArgs) -> usize {
     args.threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
-/// Exports the first run's initial weights, batches and settings, then runs
-/// the HF peer in both its modes.
-fn run_peer(args: &BenchArgs, python: &Path, output_dir: &Path) -> anyhow::Result<Vec<ModeResult>> {
+/// Exports the initial weights, batches and settings every padfree mode
+/// trains with, for the HF peer; returns the folder.
+fn export_peer(args: &BenchArgs, output_dir: &Path) -> anyhow::Result<PathBuf> {
     let peer_dir = output_dir.join("peer");
     let job = args.job(AttentionMode::Varlen)?;
     let loaded = train::load(&job)?;
@@ -274,35 +294,41 @@ fn run_peer(args: &BenchArgs, python: &Path, output_dir: &Path) -> anyhow::Resul
         &peer_dir.join("settings.json"),
         &serde_json::to_vec_pretty(&settings)?,
     )?;
+    Ok(peer_dir)
+}
+
+/// One run of the HF peer (`padded` or `flattening`).
+fn run_peer_mode(
+    args: &BenchArgs,
+    python: &Path,
+    peer_dir: &Path,
+    mode: &str,
+) -> anyhow::Result<ModeResult> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/hf_peer/hf_peer.py");
-    let mut results = Vec::new();
-    for mode in ["padded", "flattening"] {
-        println!("running HF transformers, {mode} ...");
-        let out = peer_dir.join(format!("result-{mode}.json"));
-        let output = Command::new(python)
-            .arg(&script)
-            .args([
-                "--peer-dir",
-                &peer_dir.display().to_string(),
-                "--mode",
-                mode,
-                "--out",
-                &out.display().to_string(),
-            ])
-            .env("OMP_NUM_THREADS", threads(args).to_string())
-            .output()
-            .with_context(|| format!("starting {}", python.display()))?;
-        if !output.status.success() {
-            bail!(
-                "the HF peer ({mode}) failed:\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        let text =
-            std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
-        results.push(serde_json::from_str::<ModeResult>(&text)?);
+    println!("running HF transformers, {mode} ...");
+    let out = peer_dir.join(format!("result-{mode}.json"));
+    let output = Command::new(python)
+        .arg(&script)
+        .args([
+            "--peer-dir",
+            &peer_dir.display().to_string(),
+            "--mode",
+            mode,
+            "--out",
+            &out.display().to_string(),
+        ])
+        .env("OMP_NUM_THREADS", threads(args).to_string())
+        .output()
+        .with_context(|| format!("starting {}", python.display()))?;
+    if !output.status.success() {
+        bail!(
+            "the HF peer ({mode}) failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
-    Ok(results)
+    let text =
+        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    Ok(serde_json::from_str::<ModeResult>(&text)?)
 }
 
 fn run_child(args: &BenchArgs, mode: AttentionMode, result: &Path) -> anyhow::Result<()> {
@@ -355,33 +381,68 @@ struct Report {
     machine: String,
     command: String,
     threads: String,
+    repeats: u32,
+    /// Each mode's median run, in the order the modes first ran.
     results: Vec<ModeResult>,
+    /// Every run, in the order they ran.
+    runs: Vec<ModeResult>,
 }
 
 impl Report {
-    fn new(args: &BenchArgs, results: Vec<ModeResult>) -> Self {
+    fn new(args: &BenchArgs, runs: Vec<ModeResult>) -> Self {
         let command = std::env::args().collect::<Vec<_>>().join(" ");
         Self {
             date: utc_timestamp(),
             machine: machine_description(),
             command,
             threads: threads(args).to_string(),
-            results,
+            repeats: args.repeats,
+            results: medians(&runs),
+            runs,
         }
     }
 
+    /// `min-max` real tokens/s over a mode's runs.
+    fn range(&self, mode: &str) -> String {
+        let speeds: Vec<f64> = self
+            .runs
+            .iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| r.real_tokens_per_second)
+            .collect();
+        let min = speeds.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = speeds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{min:.0}-{max:.0}")
+    }
+
     fn table(&self) -> String {
+        let repeated = self.repeats > 1;
+        let (range_head, range_rule) = if repeated {
+            (
+                format!(" real tokens/s, {} runs |", self.repeats),
+                " ---: |",
+            )
+        } else {
+            (String::new(), "")
+        };
         let mut lines = vec![
-            "| mode | train runtime | real tokens/s | fed tokens/s | padding | samples/s | peak memory | final loss |".to_owned(),
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |".to_owned(),
+            format!(
+                "| mode | train runtime | real tokens/s |{range_head} fed tokens/s | padding | samples/s | peak memory | final loss |"
+            ),
+            format!("| --- | ---: | ---: |{range_rule} ---: | ---: | ---: | ---: | ---: |"),
         ];
         for r in &self.results {
             let memory = r.peak_memory_bytes.map_or_else(
                 || "n/a".to_owned(),
                 |b| format!("{:.0} MiB", b as f64 / 1048576.0),
             );
+            let range = if repeated {
+                format!(" {} |", self.range(&r.mode))
+            } else {
+                String::new()
+            };
             lines.push(format!(
-                "| {} | {:.1} s | {:.0} | {:.0} | {:.1}% | {:.2} | {} | {:.6} |",
+                "| {} | {:.1} s | {:.0} |{range} {:.0} | {:.1}% | {:.2} | {} | {:.6} |",
                 label(&r.mode),
                 r.train_runtime,
                 r.real_tokens_per_second,
@@ -456,11 +517,12 @@ impl Report {
 
     fn write(&self, dir: &Path) -> anyhow::Result<()> {
         let markdown = format!(
-            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\nThreads: {}. Every mode runs in its own process from the same initial weights on the same batches; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n\nPer-step losses are in bench.json.\n",
+            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process from the same initial weights on the same batches; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n\nPer-step losses are in bench.json.\n",
             self.date,
             self.machine,
             self.command,
             self.threads,
+            self.repeats,
             self.table(),
             self.findings()
         );
@@ -481,6 +543,29 @@ impl Report {
     }
 }
 
+/// Each mode's median run by real tokens/s (the lower of the two middle
+/// runs when the count is even), modes in the order they first ran.
+fn medians(runs: &[ModeResult]) -> Vec<ModeResult> {
+    let mut modes: Vec<&str> = Vec::new();
+    for run in runs {
+        if !modes.contains(&run.mode.as_str()) {
+            modes.push(&run.mode);
+        }
+    }
+    modes
+        .iter()
+        .filter_map(|mode| {
+            let mut own: Vec<&ModeResult> = runs.iter().filter(|r| r.mode == *mode).collect();
+            own.sort_by(|a, b| {
+                a.real_tokens_per_second
+                    .total_cmp(&b.real_tokens_per_second)
+            });
+            own.get((own.len().saturating_sub(1)) / 2)
+                .map(|r| (*r).clone())
+        })
+        .collect()
+}
+
 /// CPU model and core count, from /proc/cpuinfo where there is one.
 fn machine_description() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -496,4 +581,47 @@ fn machine_description() -> String {
         std::env::consts::OS,
         std::env::consts::ARCH
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(mode: &str, speed: f64) -> ModeResult {
+        ModeResult {
+            mode: mode.to_owned(),
+            timed_steps: 1,
+            train_runtime: 1.0,
+            real_tokens: 1,
+            fed_tokens: 1,
+            samples: 1,
+            real_tokens_per_second: speed,
+            fed_tokens_per_second: speed,
+            samples_per_second: 1.0,
+            padding_fraction: 0.0,
+            peak_memory_bytes: None,
+            final_loss: 1.0,
+            step_losses: vec![1.0],
+        }
+    }
+
+    #[test]
+    fn each_mode_is_shown_by_its_median_run_in_first_run_order() {
+        let runs = [
+            run("b", 30.0),
+            run("a", 5.0),
+            run("b", 10.0),
+            run("a", 7.0),
+            run("b", 20.0),
+            run("a", 6.0),
+            run("a", 8.0),
+        ];
+        let medians = medians(&runs);
+        let shown: Vec<(&str, f64)> = medians
+            .iter()
+            .map(|r| (r.mode.as_str(), r.real_tokens_per_second))
+            .collect();
+        // b: 10, 20, 30 -> 20; a: 5, 6, 7, 8 -> the lower middle, 6.
+        assert_eq!(shown, vec![("b", 20.0), ("a", 6.0)]);
+    }
 }

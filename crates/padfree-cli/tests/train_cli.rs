@@ -321,12 +321,16 @@ fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
         "4",
         "--threads",
         "1",
+        "--repeats",
+        "2",
         "--output-dir",
         &out.display().to_string(),
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     for expected in [
+        "round 2 of 2",
+        "real tokens/s, 2 runs",
         "padfree, padded",
         "metadata derived in every layer",
         "metadata from the collator",
@@ -345,7 +349,9 @@ fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
         serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).expect("json"))
             .expect("valid json");
     let results = report["results"].as_array().expect("results");
-    assert_eq!(results.len(), 3);
+    assert_eq!(results.len(), 3, "one median run per mode");
+    let runs = report["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 6, "every mode twice");
     let field = |r: &serde_json::Value, name: &str| r[name].as_f64().unwrap_or(f64::NAN);
     let (padded, varlen) = (&results[0], &results[2]);
     assert_eq!(

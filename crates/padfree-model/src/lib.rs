@@ -15,6 +15,7 @@
 
 mod attention;
 mod config;
+mod cross_entropy_kernel;
 mod decoder;
 mod embedding;
 mod error;

@@ -1,7 +1,7 @@
 use padfree_pack::IGNORE_INDEX;
 
 use crate::error::ModelError;
-use crate::tensor::{Device, Int, Tensor, gather_columns, int_tensor_nd};
+use crate::tensor::{Device, Int, Tensor, cross_entropy_sum, gather_columns, int_tensor_nd};
 
 /// The summed cross-entropy of a batch and the number of label tokens in it.
 ///
@@ -39,7 +39,7 @@ pub fn causal_lm_loss(logits: Tensor<2>, targets: &[i64]) -> Result<LossSum, Mod
     }
     let rows = labels.rows_tensor(&logits.device());
     let kept = logits.select(0, rows);
-    Ok(cross_entropy_sum(kept, &labels))
+    Ok(composed_cross_entropy_sum(kept, &labels))
 }
 
 /// The rows of a batch that carry a label, and those labels.
@@ -111,8 +111,29 @@ impl LossSum {
     }
 }
 
-/// Summed cross-entropy of the labelled rows' logits, `[K, V]`.
-pub(crate) fn cross_entropy_sum(kept: Tensor<2>, labels: &LabelRows) -> LossSum {
+/// Summed cross-entropy of the labelled rows' logits, `[K, V]`, through the
+/// fused kernel (`cross_entropy_kernel.rs`): one pass for the loss, one for
+/// the gradient.
+pub(crate) fn fused_cross_entropy_sum(
+    kept: Tensor<2>,
+    labels: &LabelRows,
+) -> Result<LossSum, ModelError> {
+    let targets: Vec<usize> = labels.targets.iter().map(|&t| t as usize).collect();
+    let sum = cross_entropy_sum(kept, &targets).map_err(|err| {
+        ModelError::Batch(format!(
+            "{}\nHINT: compute the loss with causal_lm_loss for this tensor type",
+            err.0
+        ))
+    })?;
+    Ok(LossSum {
+        sum,
+        num_tokens: labels.len(),
+    })
+}
+
+/// Summed cross-entropy of the labelled rows' logits, `[K, V]`, from burn
+/// ops: slow and obvious, the oracle of the fused kernel.
+fn composed_cross_entropy_sum(kept: Tensor<2>, labels: &LabelRows) -> LossSum {
     let num_tokens = labels.len();
     let device = kept.device();
     // log p = x - logsumexp(x), with the row maximum subtracted for stability.

@@ -5,7 +5,7 @@ use crate::config::LlamaConfig;
 use crate::decoder::DecoderLayer;
 use crate::embedding::Embedding;
 use crate::error::ModelError;
-use crate::loss::{LabelRows, LossSum, cross_entropy_sum};
+use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum};
 use crate::mlp::Mlp;
 use crate::norm::RmsNorm;
 use crate::param::Param;
@@ -251,7 +251,7 @@ impl LlamaModel {
     }
 
     /// The summed next-token loss of a batch, with logits computed only for
-    /// the rows that carry a label.
+    /// the rows that carry a label and the softmax in one fused kernel.
     ///
     /// Same value and gradients as `causal_lm_loss(forward(input), targets)`
     /// (the oracle it is tested against), without the `[N, V]` logits of
@@ -265,7 +265,7 @@ impl LlamaModel {
             return Ok(LossSum::empty(hidden));
         }
         let kept = hidden.select(0, labels.rows_tensor(&self.device));
-        Ok(cross_entropy_sum(linear(kept, &self.head().value), &labels))
+        fused_cross_entropy_sum(linear(kept, &self.head().value), &labels)
     }
 
     /// The LM head: its own matrix, or the embedding when tied.

@@ -1,3 +1,5 @@
+use rayon::prelude::*;
+
 /// AdamW with decoupled weight decay, step for step as PyTorch's
 /// `torch.optim.AdamW` (non-fused) computes it, in f32.
 ///
@@ -25,6 +27,38 @@ struct ParamState {
     values: Vec<f32>,
     exp_avg: Vec<f32>,
     exp_avg_sq: Vec<f32>,
+}
+
+/// Elements per rayon task of an update: large enough to amortise scheduling.
+const ELEMENTS_PER_TASK: usize = 1 << 15;
+
+/// The scalars of one update step.
+#[derive(Debug, Clone, Copy)]
+struct Update {
+    grad_scale: f32,
+    decay: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    step_size: f32,
+    bias_correction2_sqrt: f32,
+}
+
+impl Update {
+    /// torch's formula, element by element.
+    fn apply(&self, values: &mut [f32], exp_avg: &mut [f32], exp_avg_sq: &mut [f32], grad: &[f32]) {
+        let moments = exp_avg.iter_mut().zip(exp_avg_sq.iter_mut());
+        for ((value, (exp_avg, exp_avg_sq)), &raw) in values.iter_mut().zip(moments).zip(grad) {
+            let g = raw * self.grad_scale;
+            let p = *value * self.decay;
+            let m = *exp_avg + (g - *exp_avg) * (1.0 - self.beta1);
+            let v = *exp_avg_sq * self.beta2 + (1.0 - self.beta2) * g * g;
+            let denom = v.sqrt() / self.bias_correction2_sqrt + self.eps;
+            *value = p - self.step_size * (m / denom);
+            *exp_avg = m;
+            *exp_avg_sq = v;
+        }
+    }
 }
 
 /// Whether weight decay applies: HF's Trainer spares norm weights and biases.
@@ -77,20 +111,26 @@ impl AdamW {
         let (beta1, beta2, eps) = (self.beta1 as f32, self.beta2 as f32, self.epsilon as f32);
         let decay_factor = (1.0 - lr * self.weight_decay) as f32;
         for (state, grad) in self.groups.iter_mut().zip(grads) {
-            let decay = if state.decays { decay_factor } else { 1.0 };
-            let moments = state.exp_avg.iter_mut().zip(state.exp_avg_sq.iter_mut());
-            for ((value, (exp_avg, exp_avg_sq)), &raw) in
-                state.values.iter_mut().zip(moments).zip(grad)
-            {
-                let g = raw * grad_scale;
-                let p = *value * decay;
-                let m = *exp_avg + (g - *exp_avg) * (1.0 - beta1);
-                let v = *exp_avg_sq * beta2 + (1.0 - beta2) * g * g;
-                let denom = v.sqrt() / bias_correction2_sqrt + eps;
-                *value = p - step_size * (m / denom);
-                *exp_avg = m;
-                *exp_avg_sq = v;
-            }
+            let update = Update {
+                grad_scale,
+                decay: if state.decays { decay_factor } else { 1.0 },
+                beta1,
+                beta2,
+                eps,
+                step_size,
+                bias_correction2_sqrt,
+            };
+            // Every element is updated on its own, so splitting the work over
+            // threads leaves the result bit-identical.
+            state
+                .values
+                .par_chunks_mut(ELEMENTS_PER_TASK)
+                .zip(state.exp_avg.par_chunks_mut(ELEMENTS_PER_TASK))
+                .zip(state.exp_avg_sq.par_chunks_mut(ELEMENTS_PER_TASK))
+                .zip(grad.par_chunks(ELEMENTS_PER_TASK))
+                .for_each(|(((values, exp_avg), exp_avg_sq), grad)| {
+                    update.apply(values, exp_avg, exp_avg_sq, grad);
+                });
         }
     }
 

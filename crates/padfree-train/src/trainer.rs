@@ -1,6 +1,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use padfree_model::tensor::{IntoHostVec, backward, float_tensor, grad, trainable};
 use padfree_model::{LlamaModel, ModelInput};
 use padfree_pack::{Example, flatten, pad};
@@ -258,12 +260,8 @@ impl Trainer {
             .flatten()
             .map(Example::num_loss_tokens)
             .sum();
-        let mut grads: Vec<Vec<f32>> = self
-            .model
-            .params()
-            .iter()
-            .map(|p| vec![0.0; p.numel()])
-            .collect();
+        // Empty until the first micro-batch's gradient moves in.
+        let mut grads: Vec<Vec<f32>> = vec![Vec::new(); self.model.params().len()];
         let (mut loss_sum, mut real_tokens, mut fed_tokens, mut examples) = (0.0, 0, 0, 0);
         for batch in &micro_batches {
             let pass = self.forward_backward(batch, label_tokens.max(1), &mut grads)?;
@@ -274,12 +272,7 @@ impl Trainer {
         }
         let step = self.global_step + 1;
         let loss = loss_sum / label_tokens.max(1) as f64;
-        let grad_norm = grads
-            .iter()
-            .flatten()
-            .map(|&g| f64::from(g) * f64::from(g))
-            .sum::<f64>()
-            .sqrt();
+        let grad_norm = global_norm(&grads);
         for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
             if !value.is_finite() {
                 return Err(TrainError::NonFinite {
@@ -293,6 +286,7 @@ impl Trainer {
                 });
             }
         }
+        let grads = self.zero_where_missing(grads);
         let clip = if self.config.max_grad_norm > 0.0 {
             (self.config.max_grad_norm / (grad_norm + 1e-6)).min(1.0)
         } else {
@@ -356,8 +350,11 @@ impl Trainer {
         let gradients = backward(&scaled);
         for (acc, param) in grads.iter_mut().zip(self.model.params()) {
             if let Some(g) = grad(&param.value, &gradients) {
-                for (a, v) in acc.iter_mut().zip(g.into_vec()) {
-                    *a += v;
+                let g = g.into_vec();
+                if acc.is_empty() {
+                    *acc = g;
+                } else {
+                    acc.par_iter_mut().zip(g).for_each(|(a, v)| *a += v);
                 }
             }
         }
@@ -365,6 +362,16 @@ impl Trainer {
             loss_sum: f64::from(loss_sum),
             fed_tokens,
         })
+    }
+
+    /// A parameter no micro-batch reached has a zero gradient.
+    fn zero_where_missing(&self, mut grads: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+        for (acc, param) in grads.iter_mut().zip(self.model.params()) {
+            if acc.is_empty() {
+                *acc = vec![0.0; param.numel()];
+            }
+        }
+        grads
     }
 
     /// Puts the optimizer's master values into the model as fresh leaves.
@@ -381,6 +388,17 @@ impl Trainer {
 struct Pass {
     loss_sum: f64,
     fed_tokens: usize,
+}
+
+/// The L2 norm of all gradients together, in f64. Each tensor's sum of
+/// squares is taken on its own thread, in element order, and the sums are
+/// added in parameter order: the same value however many threads run.
+fn global_norm(grads: &[Vec<f32>]) -> f64 {
+    let per_tensor: Vec<f64> = grads
+        .par_iter()
+        .map(|g| g.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>())
+        .collect();
+    per_tensor.iter().sum::<f64>().sqrt()
 }
 
 /// Throughput since the previous log line (of this process).

@@ -4,9 +4,11 @@
 //! tensors to device dispatch); every call that is likely to move lives here,
 //! so an upgrade changes this file and not the model.
 
+mod cross_entropy_op;
 mod varlen_op;
 
 pub use burn::tensor::{Bool, Device, Gradients, Int, Tensor, TensorData};
+pub use cross_entropy_op::cross_entropy_sum;
 pub use varlen_op::{UnsupportedTensor, varlen_attention};
 
 /// The CPU device (burn's Flex backend), with autodiff when `autodiff` is set.

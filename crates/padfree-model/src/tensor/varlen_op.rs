@@ -21,7 +21,7 @@ use burn_flex::{Flex, FlexTensor};
 
 /// A tracked tensor of the autodiff-decorated Flex backend (the checkpointing
 /// strategy is a type parameter of the backend, not of its tensors).
-type AutodiffTensor = FloatTensor<Autodiff<Flex>>;
+pub(super) type AutodiffTensor = FloatTensor<Autodiff<Flex>>;
 
 use crate::varlen_kernel::{self, AttentionDims, ForwardOutput, Qkv};
 
@@ -84,7 +84,9 @@ pub fn varlen_attention(
     }
 }
 
-fn unsupported<T, E: std::fmt::Debug>(result: Result<T, E>) -> Result<T, UnsupportedTensor> {
+pub(super) fn unsupported<T, E: std::fmt::Debug>(
+    result: Result<T, E>,
+) -> Result<T, UnsupportedTensor> {
     result.map_err(|err| UnsupportedTensor(format!("{err:?}")))
 }
 
@@ -107,9 +109,9 @@ impl Call {
         let shape = q.layout().shape().clone();
         let (q, k, v) = (q.to_contiguous(), k.to_contiguous(), v.to_contiguous());
         let inputs = Qkv {
-            q: values(&q)?,
-            k: values(&k)?,
-            v: values(&v)?,
+            q: f32_values(&q)?,
+            k: f32_values(&k)?,
+            v: f32_values(&v)?,
         };
         let ForwardOutput { out, lse } =
             varlen_kernel::forward(inputs, &self.cu_seqlens, self.dims, self.scale);
@@ -117,7 +119,8 @@ impl Call {
     }
 }
 
-fn values(tensor: &FlexTensor) -> Result<&[f32], UnsupportedTensor> {
+/// The values of a contiguous f32 tensor.
+pub(super) fn f32_values(tensor: &FlexTensor) -> Result<&[f32], UnsupportedTensor> {
     tensor.as_slice::<f32>().ok_or_else(|| {
         UnsupportedTensor(format!(
             "the fused attention takes contiguous f32 tensors, got {:?}",
@@ -155,11 +158,11 @@ impl Backward<Flex, 3> for VarlenAttentionBackward {
         );
         // The forward pass checked every one of these; a failure here is a bug.
         let slices = (
-            values(&q),
-            values(&k),
-            values(&v),
-            values(&out),
-            values(&d_out),
+            f32_values(&q),
+            f32_values(&k),
+            f32_values(&v),
+            f32_values(&out),
+            f32_values(&d_out),
         );
         let (Ok(q_values), Ok(k_values), Ok(v_values), Ok(out_values), Ok(d_out_values)) = slices
         else {
