@@ -41,7 +41,7 @@ impl CausalMasks {
 
 /// How padding-free attention is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum VarlenKernel {
+pub enum AttentionKernel {
     /// padfree's fused kernel (`varlen_kernel`): one call per layer for the
     /// whole batch, with its own backward pass. The default.
     #[default]
@@ -60,7 +60,7 @@ pub enum AttentionLayout<'a> {
         /// The collator's boundaries.
         meta: &'a BatchMeta,
         /// Fused or composed.
-        kernel: VarlenKernel,
+        kernel: AttentionKernel,
         /// Causal masks of the batch's example lengths (composed kernel only).
         masks: &'a CausalMasks,
     },
@@ -71,16 +71,36 @@ pub enum AttentionLayout<'a> {
         /// The batch's positions, restarting at 0 for every example.
         position_ids: &'a [u32],
         /// Fused or composed.
-        kernel: VarlenKernel,
+        kernel: AttentionKernel,
     },
-    /// `B` rows of `L` tokens; `mask` is `[B, 1, L, L]`, true where a query may
-    /// not see a key (the future, or a pad).
+    /// `B` rows of `L` tokens, padded on the right.
     Padded {
         /// Rows, `B`.
         batch_size: usize,
         /// Padded length, `L`.
         seq_len: usize,
-        /// Causal and padding mask (boxed: a tensor handle is large next to a reference).
+        /// Fused or composed, and what each needs.
+        kernel: PaddedAttention<'a>,
+    },
+}
+
+/// How attention over padded rows is computed.
+#[derive(Debug, Clone)]
+pub enum PaddedAttention<'a> {
+    /// The fused kernel with every row taken as one sequence of `L` tokens,
+    /// pads included. Pads sit after every real token of their row (right
+    /// padding), so causal attention never shows a real token a pad; what
+    /// the pads compute is never read by a real token nor by the loss. Pads
+    /// still cost their full share, as padding does.
+    Fused {
+        /// `B` sequences of `L` tokens.
+        rows: &'a BatchMeta,
+    },
+    /// Composed burn ops with a `[B, 1, L, L]` mask, true where a query may
+    /// not see a key (the future, or a pad); boxed, as a tensor handle is
+    /// large next to a reference.
+    Composed {
+        /// Causal and padding mask.
         mask: Box<Tensor<4, Bool>>,
     },
 }
@@ -122,12 +142,12 @@ impl Attention {
         let context = match layout {
             AttentionLayout::Varlen {
                 meta,
-                kernel: VarlenKernel::Fused,
+                kernel: AttentionKernel::Fused,
                 ..
             } => self.fused(q, k, v, meta)?,
             AttentionLayout::Varlen {
                 meta,
-                kernel: VarlenKernel::Composed,
+                kernel: AttentionKernel::Composed,
                 masks,
             } => self.varlen(q, k, v, meta, masks),
             AttentionLayout::VarlenPerLayer {
@@ -138,17 +158,21 @@ impl Attention {
                 let meta = BatchMeta::derive_from_position_ids(position_ids)
                     .map_err(|err| ModelError::Batch(format!("position_ids: {err}")))?;
                 match kernel {
-                    VarlenKernel::Fused => self.fused(q, k, v, &meta)?,
-                    VarlenKernel::Composed => {
+                    AttentionKernel::Fused => self.fused(q, k, v, &meta)?,
+                    AttentionKernel::Composed => {
                         let masks = CausalMasks::new(meta.seq_lens(), &q.device());
                         self.varlen(q, k, v, &meta, &masks)
                     }
                 }
             }
             AttentionLayout::Padded {
+                kernel: PaddedAttention::Fused { rows },
+                ..
+            } => self.fused(q, k, v, rows)?,
+            AttentionLayout::Padded {
                 batch_size,
                 seq_len,
-                mask,
+                kernel: PaddedAttention::Composed { mask },
             } => self.padded(q, k, v, *batch_size, *seq_len, (**mask).clone()),
         };
         Ok(linear(context, &self.o_proj.value))
@@ -168,7 +192,7 @@ impl Attention {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
         let context = varlen_attention(q, k, v, meta.cu_seqlens(), scale).map_err(|err| {
             ModelError::Batch(format!(
-                "{}\nHINT: use the composed attention (VarlenKernel::Composed) for this tensor type",
+                "{}\nHINT: use the composed attention (AttentionKernel::Composed) for this tensor type",
                 err.0
             ))
         })?;

@@ -32,7 +32,7 @@ mod safetensors_io;
 pub mod tensor;
 mod varlen_kernel;
 
-pub use attention::{AttentionLayout, CausalMasks, VarlenKernel};
+pub use attention::{AttentionKernel, AttentionLayout, CausalMasks, PaddedAttention};
 pub use config::LlamaConfig;
 pub use error::ModelError;
 pub use gguf_tokenizer::tokenizer_from_gguf;

@@ -1,6 +1,6 @@
-use padfree_pack::{PackedBatch, PaddedBatch, SplitMix64};
+use padfree_pack::{BatchMeta, PackedBatch, PaddedBatch, SplitMix64};
 
-use crate::attention::{Attention, AttentionLayout, CausalMasks, VarlenKernel};
+use crate::attention::{Attention, AttentionKernel, AttentionLayout, CausalMasks, PaddedAttention};
 use crate::config::LlamaConfig;
 use crate::decoder::DecoderLayer;
 use crate::embedding::Embedding;
@@ -73,7 +73,7 @@ pub struct LlamaModel {
     pub(crate) norm: RmsNorm,
     /// `None` when tied to the embedding.
     pub(crate) lm_head: Option<Param>,
-    varlen_kernel: VarlenKernel,
+    attention_kernel: AttentionKernel,
 }
 
 impl LlamaModel {
@@ -172,20 +172,20 @@ impl LlamaModel {
             layers,
             norm,
             lm_head,
-            varlen_kernel: VarlenKernel::default(),
+            attention_kernel: AttentionKernel::default(),
         })
     }
 
     /// The same model computing padding-free attention with `kernel`
     /// (the fused one unless told otherwise).
-    pub fn with_varlen_kernel(mut self, kernel: VarlenKernel) -> Self {
-        self.varlen_kernel = kernel;
+    pub fn with_attention_kernel(mut self, kernel: AttentionKernel) -> Self {
+        self.attention_kernel = kernel;
         self
     }
 
     /// How padding-free attention is computed.
-    pub fn varlen_kernel(&self) -> VarlenKernel {
-        self.varlen_kernel
+    pub fn attention_kernel(&self) -> AttentionKernel {
+        self.attention_kernel
     }
 
     /// The architecture.
@@ -282,30 +282,43 @@ impl LlamaModel {
             self.config.rope_theta,
             &self.device,
         );
-        let masks;
+        let (masks, padded_rows);
         let layout = match input {
             ModelInput::Varlen(batch) => {
                 // Only the composed kernel reads masks.
-                let lengths = match self.varlen_kernel {
-                    VarlenKernel::Fused => Vec::new(),
-                    VarlenKernel::Composed => batch.meta().seq_lens().collect(),
+                let lengths = match self.attention_kernel {
+                    AttentionKernel::Fused => Vec::new(),
+                    AttentionKernel::Composed => batch.meta().seq_lens().collect(),
                 };
                 masks = CausalMasks::new(lengths, &self.device);
                 AttentionLayout::Varlen {
                     meta: batch.meta(),
-                    kernel: self.varlen_kernel,
+                    kernel: self.attention_kernel,
                     masks: &masks,
                 }
             }
             ModelInput::VarlenPerLayer(batch) => AttentionLayout::VarlenPerLayer {
                 position_ids: batch.position_ids(),
-                kernel: self.varlen_kernel,
+                kernel: self.attention_kernel,
             },
-            ModelInput::Padded(batch) => AttentionLayout::Padded {
-                batch_size: batch.batch_size(),
-                seq_len: batch.seq_len(),
-                mask: Box::new(padded_mask(batch, &self.device)),
-            },
+            ModelInput::Padded(batch) => {
+                let kernel = match self.attention_kernel {
+                    AttentionKernel::Fused => {
+                        padded_rows =
+                            BatchMeta::from_lengths(vec![batch.seq_len(); batch.batch_size()])
+                                .map_err(|err| ModelError::Batch(format!("padded rows: {err}")))?;
+                        PaddedAttention::Fused { rows: &padded_rows }
+                    }
+                    AttentionKernel::Composed => PaddedAttention::Composed {
+                        mask: Box::new(padded_mask(batch, &self.device)),
+                    },
+                };
+                AttentionLayout::Padded {
+                    batch_size: batch.batch_size(),
+                    seq_len: batch.seq_len(),
+                    kernel,
+                }
+            }
         };
         let mut x = self
             .embed_tokens

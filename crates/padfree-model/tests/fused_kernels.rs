@@ -2,7 +2,7 @@
 //! weights and batch:
 //!
 //! - the fused varlen attention kernel against the attention composed of
-//!   burn ops, one example at a time (`VarlenKernel::Composed`);
+//!   burn ops, one example at a time (`AttentionKernel::Composed`);
 //! - `LlamaModel::loss_sum` (logits only for labelled rows) against
 //!   `causal_lm_loss` over the full logits.
 //!
@@ -18,8 +18,8 @@ mod common;
 
 use common::{assert_close, examples, host, loss_and_grads, param_grads, trainable_model};
 use padfree_model::tensor::{IntoHostVec, backward, cpu_device_with_checkpointing};
-use padfree_model::{LlamaConfig, LlamaModel, ModelInput, VarlenKernel};
-use padfree_pack::{Example, flatten};
+use padfree_model::{AttentionKernel, LlamaConfig, LlamaModel, ModelInput};
+use padfree_pack::{Example, flatten, pad};
 
 const ATOL: f32 = 1e-5;
 const RTOL: f32 = 1e-4;
@@ -55,11 +55,13 @@ fn fused_attention_matches_the_composed_oracle() {
     let config = config();
     let fused = trainable_model(&config, 3);
     assert_eq!(
-        fused.varlen_kernel(),
-        VarlenKernel::Fused,
+        fused.attention_kernel(),
+        AttentionKernel::Fused,
         "fused is the default"
     );
-    let composed = fused.clone().with_varlen_kernel(VarlenKernel::Composed);
+    let composed = fused
+        .clone()
+        .with_attention_kernel(AttentionKernel::Composed);
     let packed = flatten(&batch(&config)).expect("flattens");
     for input in [
         ModelInput::Varlen(&packed),
@@ -74,6 +76,43 @@ fn fused_attention_matches_the_composed_oracle() {
         assert_close("loss", &[loss_fused], &[loss_composed], ATOL, RTOL);
         assert_same_grads(&fused, &composed, &grads_fused, &grads_composed);
     }
+}
+
+/// Padded rows through the fused kernel (each row one sequence, pads at its
+/// end) against the composed attention with its `[B, 1, L, L]` mask. Pad
+/// rows compute different things in the two (nothing reads them), so
+/// logits are compared at real tokens only.
+#[test]
+fn fused_attention_on_padded_rows_matches_the_masked_oracle() {
+    let config = config();
+    let fused = trainable_model(&config, 19);
+    let composed = fused
+        .clone()
+        .with_attention_kernel(AttentionKernel::Composed);
+    let examples = batch(&config);
+    let padded = pad(&examples, 0, None).expect("pads");
+    let input = ModelInput::Padded(&padded);
+    let (rows, vocab) = (padded.seq_len(), config.vocab_size);
+    let real_logits = |model: &LlamaModel| -> Vec<f32> {
+        let logits = host(model.forward(&input).expect("forward"));
+        let mut kept = Vec::new();
+        for (b, example) in examples.iter().enumerate() {
+            let start = b * rows * vocab;
+            kept.extend_from_slice(&logits[start..start + example.len() * vocab]);
+        }
+        kept
+    };
+    assert_close(
+        "logits",
+        &real_logits(&fused),
+        &real_logits(&composed),
+        ATOL,
+        RTOL,
+    );
+    let (loss_fused, _, grads_fused) = loss_and_grads(&fused, &input);
+    let (loss_composed, _, grads_composed) = loss_and_grads(&composed, &input);
+    assert_close("loss", &[loss_fused], &[loss_composed], ATOL, RTOL);
+    assert_same_grads(&fused, &composed, &grads_fused, &grads_composed);
 }
 
 #[test]
