@@ -25,7 +25,10 @@ impl DecoderLayer {
         let h = x.clone()
             + self
                 .self_attn
-                .forward(self.input_layernorm.forward(x), rope, layout)?;
-        Ok(h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h)))
+                .forward(self.input_layernorm.forward(x)?, rope, layout)?;
+        Ok(h.clone()
+            + self
+                .mlp
+                .forward(self.post_attention_layernorm.forward(h)?)?)
     }
 }

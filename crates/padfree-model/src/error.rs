@@ -5,6 +5,12 @@ use thiserror::Error;
 /// Everything loading, validating or running a model can refuse.
 #[derive(Debug, Error)]
 pub enum ModelError {
+    /// A tensor padfree's fused kernels cannot take (they run on the Flex
+    /// CPU backend in f32).
+    #[error(
+        "{0}\nHINT: padfree's fused kernels run on the Flex CPU backend in f32; load the model on `tensor::cpu_device`"
+    )]
+    UnsupportedTensor(String),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -79,5 +85,11 @@ impl ModelError {
             path: path.into(),
             source,
         }
+    }
+}
+
+impl From<crate::tensor::UnsupportedTensor> for ModelError {
+    fn from(err: crate::tensor::UnsupportedTensor) -> Self {
+        Self::UnsupportedTensor(err.0)
     }
 }

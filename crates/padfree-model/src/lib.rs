@@ -27,8 +27,10 @@ mod mlp;
 mod model;
 mod norm;
 mod param;
+mod rms_norm_kernel;
 mod rope;
 mod safetensors_io;
+mod swiglu_kernel;
 pub mod tensor;
 mod varlen_kernel;
 

@@ -1,5 +1,6 @@
+use crate::error::ModelError;
 use crate::param::Param;
-use crate::tensor::{Tensor, linear, silu};
+use crate::tensor::{Tensor, linear, swiglu};
 
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
 #[derive(Debug, Clone)]
@@ -13,10 +14,11 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// `[N, C] -> [N, C]`.
-    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let gate = silu(linear(x.clone(), &self.gate_proj.value));
+    /// `[N, C] -> [N, C]`; the gate through the fused kernel
+    /// (`swiglu_kernel.rs`).
+    pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
+        let gate = linear(x.clone(), &self.gate_proj.value);
         let up = linear(x, &self.up_proj.value);
-        linear(gate * up, &self.down_proj.value)
+        Ok(linear(swiglu(gate, up)?, &self.down_proj.value))
     }
 }

@@ -326,7 +326,7 @@ impl LlamaModel {
         for layer in &self.layers {
             x = layer.forward(x, &rope, &layout)?;
         }
-        Ok(self.norm.forward(x))
+        self.norm.forward(x)
     }
 
     fn check_input(&self, input: &ModelInput<'_>) -> Result<(), ModelError> {

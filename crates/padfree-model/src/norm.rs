@@ -1,5 +1,6 @@
+use crate::error::ModelError;
 use crate::param::Param;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, rms_norm};
 
 /// RMSNorm: `x / sqrt(mean(x^2) + eps) * weight`, over the last dimension.
 #[derive(Debug, Clone)]
@@ -14,10 +15,8 @@ impl RmsNorm {
         Self { weight, eps }
     }
 
-    /// `[N, C] -> [N, C]`.
-    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let mean_square = x.clone().square().mean_dim(1);
-        let inv_rms = mean_square.add_scalar(self.eps).sqrt().recip();
-        x * inv_rms * self.weight.value.clone()
+    /// `[N, C] -> [N, C]`, through the fused kernel (`rms_norm_kernel.rs`).
+    pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
+        Ok(rms_norm(x, self.weight.value.clone(), self.eps)?)
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! - the fused varlen attention kernel against the attention composed of
 //!   burn ops, one example at a time (`AttentionKernel::Composed`);
-//! - `LlamaModel::loss_sum` (logits only for labelled rows) against
-//!   `causal_lm_loss` over the full logits.
+//! - `LlamaModel::loss_sum` (logits only for labelled rows, fused
+//!   cross-entropy) against `causal_lm_loss` over the full logits;
+//! - fused RMSNorm and SwiGLU against their formulas in burn ops.
 //!
 //! Tolerances: both sides run the same f32 arithmetic except the order of
 //! the sums (the kernel sums dot products in eight lanes, the composed path
@@ -17,7 +18,10 @@
 mod common;
 
 use common::{assert_close, examples, host, loss_and_grads, param_grads, trainable_model};
-use padfree_model::tensor::{IntoHostVec, backward, cpu_device_with_checkpointing};
+use padfree_model::tensor::{
+    IntoHostVec, Tensor, backward, cpu_device, cpu_device_with_checkpointing, float_tensor, grad,
+    rms_norm, silu, swiglu, trainable,
+};
 use padfree_model::{AttentionKernel, LlamaConfig, LlamaModel, ModelInput};
 use padfree_pack::{Example, flatten, pad};
 
@@ -186,5 +190,84 @@ fn loss_without_labels_is_zero_and_still_differentiable() {
             g.iter().all(|&x| x == 0.0),
             "{name} has a gradient without labels"
         );
+    }
+}
+
+/// `[rows, cols]` of smooth pseudo-random values on an autodiff device.
+fn leaf(rows: usize, cols: usize, seed: u64) -> Tensor<2> {
+    let mut rng = padfree_pack::SplitMix64::new(seed);
+    let values = (0..rows * cols)
+        .map(|_| rng.standard_normal() as f32)
+        .collect();
+    trainable(float_tensor(values, [rows, cols], &cpu_device(true)))
+}
+
+/// Gradients of `sum(out * probe)` with respect to `leaves`.
+fn grads_of(out: Tensor<2>, probe: &Tensor<2>, leaves: &[&Tensor<2>]) -> Vec<Vec<f32>> {
+    let gradients = backward(&(out * probe.clone()).sum());
+    leaves
+        .iter()
+        .map(|leaf| {
+            grad(leaf, &gradients)
+                .map(IntoHostVec::into_vec)
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[test]
+fn fused_rms_norm_matches_the_composed_formula() {
+    let (x, weight) = (leaf(70, 48, 1), leaf(1, 48, 2));
+    let probe = leaf(70, 48, 3).detach();
+    let eps = 1e-5;
+    let fused = rms_norm(x.clone(), weight.clone(), eps).expect("fused");
+    // HF's LlamaRMSNorm, op by op.
+    let inv_rms = x
+        .clone()
+        .square()
+        .mean_dim(1)
+        .add_scalar(eps)
+        .sqrt()
+        .recip();
+    let composed = x.clone() * inv_rms * weight.clone();
+    assert_close(
+        "rms_norm",
+        &host(fused.clone()),
+        &host(composed.clone()),
+        ATOL,
+        RTOL,
+    );
+    let fused_grads = grads_of(fused, &probe, &[&x, &weight]);
+    let composed_grads = grads_of(composed, &probe, &[&x, &weight]);
+    for (name, (a, b)) in ["dx", "dweight"]
+        .iter()
+        .zip(fused_grads.iter().zip(&composed_grads))
+    {
+        assert!(!a.is_empty(), "{name} missing");
+        assert_close(name, a, b, 1e-4, RTOL);
+    }
+}
+
+#[test]
+fn fused_swiglu_matches_the_composed_formula() {
+    let (gate, up) = (leaf(33, 40, 4), leaf(33, 40, 5));
+    let probe = leaf(33, 40, 6).detach();
+    let fused = swiglu(gate.clone(), up.clone()).expect("fused");
+    let composed = silu(gate.clone()) * up.clone();
+    assert_close(
+        "swiglu",
+        &host(fused.clone()),
+        &host(composed.clone()),
+        ATOL,
+        RTOL,
+    );
+    let fused_grads = grads_of(fused, &probe, &[&gate, &up]);
+    let composed_grads = grads_of(composed, &probe, &[&gate, &up]);
+    for (name, (a, b)) in ["d_gate", "d_up"]
+        .iter()
+        .zip(fused_grads.iter().zip(&composed_grads))
+    {
+        assert!(!a.is_empty(), "{name} missing");
+        assert_close(name, a, b, ATOL, RTOL);
     }
 }

@@ -5,11 +5,17 @@
 //! so an upgrade changes this file and not the model.
 
 mod cross_entropy_op;
+mod host_op;
+mod rms_norm_op;
+mod swiglu_op;
 mod varlen_op;
 
 pub use burn::tensor::{Bool, Device, Gradients, Int, Tensor, TensorData};
 pub use cross_entropy_op::cross_entropy_sum;
-pub use varlen_op::{UnsupportedTensor, varlen_attention};
+pub use host_op::UnsupportedTensor;
+pub use rms_norm_op::rms_norm;
+pub use swiglu_op::swiglu;
+pub use varlen_op::varlen_attention;
 
 /// The CPU device (burn's Flex backend), with autodiff when `autodiff` is set.
 pub fn cpu_device(autodiff: bool) -> Device {

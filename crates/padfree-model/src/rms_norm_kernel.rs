@@ -1,0 +1,152 @@
+//! Fused RMSNorm on host slices, forward and backward.
+//!
+//! Composed from tensor ops, RMSNorm is seven passes over `[N, C]` forward
+//! (square, mean, add, sqrt, reciprocal, two products) and about twice that
+//! backward, each allocating; here it is one pass each way, rows over
+//! threads.
+//!
+//! # Shapes
+//! `N` rows, `C` channels. `x`, `y`, `dy`, `dx`: `[N, C]`; `weight`, `dw`:
+//! `[C]`; `inv_rms`: `[N]`.
+
+use rayon::prelude::*;
+
+/// Rows per rayon task. Fixed (not derived from the thread count), so the
+/// weight gradient's partial sums, and so its rounding, never depend on
+/// how many threads run.
+const ROWS_PER_TASK: usize = 32;
+
+/// `y = x / sqrt(mean(x^2) + eps) * weight`, and each row's `1 / rms`.
+pub fn forward(x: &[f32], weight: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+    let channels = weight.len();
+    let rows = x.len() / channels.max(1);
+    let mut y = vec![0.0f32; x.len()];
+    let mut inv_rms = vec![0.0f32; rows];
+    y.par_chunks_mut(ROWS_PER_TASK * channels)
+        .zip(inv_rms.par_chunks_mut(ROWS_PER_TASK))
+        .zip(x.par_chunks(ROWS_PER_TASK * channels))
+        .for_each(|((y, inv_rms), x)| {
+            let rows = y.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+            for ((y, x), inv) in rows.zip(inv_rms) {
+                let mean_square = x.iter().map(|v| v * v).sum::<f32>() / channels as f32;
+                *inv = 1.0 / (mean_square + eps).sqrt();
+                for ((y, &x), &w) in y.iter_mut().zip(x).zip(weight) {
+                    *y = x * *inv * w;
+                }
+            }
+        });
+    (y, inv_rms)
+}
+
+/// `(dx, dweight)` given `dy`.
+///
+/// With `r = 1 / rms` and `g = dy * weight`:
+/// `dx = r * g - x * r^3 / C * sum(g * x)` and `dweight = sum over rows of
+/// dy * x * r`.
+pub fn backward(x: &[f32], weight: &[f32], inv_rms: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let channels = weight.len();
+    let mut dx = vec![0.0f32; x.len()];
+    let partial_dweights: Vec<Vec<f32>> = dx
+        .par_chunks_mut(ROWS_PER_TASK * channels)
+        .zip(x.par_chunks(ROWS_PER_TASK * channels))
+        .zip(dy.par_chunks(ROWS_PER_TASK * channels))
+        .zip(inv_rms.par_chunks(ROWS_PER_TASK))
+        .map(|(((dx, x), dy), inv_rms)| {
+            let mut dweight = vec![0.0f32; channels];
+            let rows = dx.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+            for ((dx, x), (dy, &r)) in rows.zip(dy.chunks_exact(channels).zip(inv_rms)) {
+                let dot: f32 = dy
+                    .iter()
+                    .zip(weight)
+                    .zip(x)
+                    .map(|((d, w), x)| d * w * x)
+                    .sum();
+                let correction = r * r * r / channels as f32 * dot;
+                for c in 0..channels {
+                    dx[c] = r * dy[c] * weight[c] - x[c] * correction;
+                    dweight[c] += dy[c] * x[c] * r;
+                }
+            }
+            dweight
+        })
+        .collect();
+    let mut dweight = vec![0.0f32; channels];
+    for partial in partial_dweights {
+        for (total, value) in dweight.iter_mut().zip(partial) {
+            *total += value;
+        }
+    }
+    (dx, dweight)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: usize = 5;
+
+    fn inputs(rows: usize) -> (Vec<f32>, Vec<f32>) {
+        let x = (0..rows * C)
+            .map(|i| ((i * 29 % 13) as f32 - 6.0) * 0.3)
+            .collect();
+        let w = (0..C).map(|i| 0.5 + i as f32 * 0.25).collect();
+        (x, w)
+    }
+
+    /// `sum(y * probe)` in f64, straight from the definition.
+    fn objective(x: &[f32], w: &[f32], probe: &[f32]) -> f64 {
+        x.chunks(C)
+            .zip(probe.chunks(C))
+            .map(|(row, probe)| {
+                let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / C as f64;
+                let inv = 1.0 / (ms + 1e-5).sqrt();
+                row.iter()
+                    .zip(w)
+                    .zip(probe)
+                    .map(|((&x, &w), &p)| f64::from(x) * inv * f64::from(w) * f64::from(p))
+                    .sum::<f64>()
+            })
+            .sum()
+    }
+
+    #[test]
+    fn forward_matches_the_definition_and_gradients_match_central_differences() {
+        // More rows than one task: partial weight gradients are summed.
+        let rows = 70;
+        let (x, w) = inputs(rows);
+        let probe: Vec<f32> = (0..rows * C)
+            .map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.5)
+            .collect();
+        let (y, inv_rms) = forward(&x, &w, 1e-5);
+        let from_y: f64 = y.iter().zip(&probe).map(|(&y, &p)| f64::from(y * p)).sum();
+        assert!((from_y - objective(&x, &w, &probe)).abs() < 1e-3);
+        let (dx, dw) = backward(&x, &w, &inv_rms, &probe);
+        let step = 1e-2f32;
+        let numeric = |x: &[f32], w: &[f32], which: usize, index: usize| {
+            let (mut xp, mut wp, mut xm, mut wm) = (x.to_vec(), w.to_vec(), x.to_vec(), w.to_vec());
+            let (plus, minus) = if which == 0 {
+                (&mut xp[index], &mut xm[index])
+            } else {
+                (&mut wp[index], &mut wm[index])
+            };
+            *plus += step;
+            *minus -= step;
+            let width = f64::from(*plus) - f64::from(*minus);
+            (objective(&xp, &wp, &probe) - objective(&xm, &wm, &probe)) / width
+        };
+        for index in (0..x.len()).step_by(7) {
+            let expected = numeric(&x, &w, 0, index);
+            assert!(
+                (f64::from(dx[index]) - expected).abs() < 1e-3,
+                "dx[{index}]"
+            );
+        }
+        for (index, &got) in dw.iter().enumerate() {
+            let expected = numeric(&x, &w, 1, index);
+            assert!(
+                (f64::from(got) - expected).abs() < 1e-2 * (1.0 + expected.abs()),
+                "dw[{index}]: {got} vs {expected}"
+            );
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! padfree's fused kernels as burn operations: a kernel written for host
+//! slices (forward and backward) becomes a differentiable tensor op through
+//! burn's backend-extension API (`Backward` on the autodiff-decorated Flex
+//! backend), for plain autodiff and for gradient checkpointing alike.
+//!
+//! This file touches burn's extension crates (`burn-autodiff`,
+//! `burn-flex`), which break more often than the tensor API; the kernels
+//! themselves know nothing of burn.
+
+use std::sync::Arc;
+
+use burn::tensor::{GradientCheckpointingStrategy, Tensor, TensorData};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::{
+    BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
+};
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_backend::tensor::FloatTensor;
+use burn_flex::{Flex, FlexTensor};
+
+/// Why a tensor could not go through a fused kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnsupportedTensor(pub String);
+
+/// Row-major f32 values and their shape.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HostTensor<'a> {
+    pub values: &'a [f32],
+    pub shape: &'a [usize],
+}
+
+/// What a forward pass produces.
+#[derive(Debug, Clone)]
+pub(crate) struct HostOutput {
+    /// The output, row-major.
+    pub values: Vec<f32>,
+    pub shape: Vec<usize>,
+    /// Anything else the backward pass needs (e.g. row statistics).
+    pub saved: Vec<f32>,
+}
+
+/// A fused kernel with `N` float inputs and one output.
+pub(crate) trait HostOp<const N: usize>:
+    Clone + Send + Sync + std::fmt::Debug + 'static
+{
+    /// The output and what to save.
+    fn forward(&self, inputs: [HostTensor<'_>; N]) -> HostOutput;
+
+    /// The gradient of every input (same shapes as the inputs), given the
+    /// inputs, the forward output, what it saved, and `d_out`.
+    fn backward(
+        &self,
+        inputs: [HostTensor<'_>; N],
+        output: &[f32],
+        saved: &[f32],
+        d_out: &[f32],
+    ) -> [Vec<f32>; N];
+}
+
+/// The backend primitives of `inputs` on backend `$backend`.
+macro_rules! primitives {
+    ($inputs:expr, $backend:ty) => {{
+        let mut converted = Vec::with_capacity(N);
+        for tensor in $inputs {
+            converted.push(
+                tensor
+                    .try_into_primitive::<$backend>()
+                    .map_err(|err| UnsupportedTensor(format!("{err:?}")))?,
+            );
+        }
+        <[_; N]>::try_from(converted)
+            .map_err(|_| UnsupportedTensor("input count changed".into()))?
+    }};
+}
+
+/// Runs `op` on tensors of one rank `I`, giving a tensor of rank `O`;
+/// differentiable when the inputs are on an autodiff device.
+pub(crate) fn apply<Op: HostOp<N>, const N: usize, const I: usize, const O: usize>(
+    op: Op,
+    inputs: [Tensor<I>; N],
+) -> Result<Tensor<O>, UnsupportedTensor> {
+    if !inputs.iter().all(Tensor::is_autodiff) {
+        let inputs: [FlexTensor; N] = primitives!(inputs, Flex);
+        let (output, _) = forward(&op, &inputs)?;
+        return Ok(Tensor::from_primitive::<Flex>(output));
+    }
+    let strategy = inputs[0].gradient_checkpointing_strategy();
+    match strategy {
+        Some(GradientCheckpointingStrategy::Balanced) => {
+            type Backend = Autodiff<Flex, BalancedCheckpointing>;
+            let inputs = primitives!(inputs, Backend);
+            let output = tracked::<_, BalancedCheckpointing, N>(op, inputs)?;
+            Ok(Tensor::from_primitive::<Backend>(output))
+        }
+        _ => {
+            type Backend = Autodiff<Flex, NoCheckpointing>;
+            let inputs = primitives!(inputs, Backend);
+            let output = tracked::<_, NoCheckpointing, N>(op, inputs)?;
+            Ok(Tensor::from_primitive::<Backend>(output))
+        }
+    }
+}
+
+/// The values of a contiguous f32 tensor.
+fn f32_values(tensor: &FlexTensor) -> Result<&[f32], UnsupportedTensor> {
+    tensor.as_slice::<f32>().ok_or_else(|| {
+        UnsupportedTensor(format!(
+            "fused kernels take contiguous f32 tensors, got {:?}",
+            tensor.dtype()
+        ))
+    })
+}
+
+/// Contiguous copies (or the tensors themselves) and their shapes.
+fn contiguous<const N: usize>(inputs: &[FlexTensor; N]) -> ([FlexTensor; N], [Vec<usize>; N]) {
+    (
+        inputs.each_ref().map(FlexTensor::to_contiguous),
+        inputs.each_ref().map(|t| t.layout().shape().to_vec()),
+    )
+}
+
+fn host_views<'a, const N: usize>(
+    tensors: &'a [FlexTensor; N],
+    shapes: &'a [Vec<usize>; N],
+) -> Result<[HostTensor<'a>; N], UnsupportedTensor> {
+    let mut views = Vec::with_capacity(N);
+    for (tensor, shape) in tensors.iter().zip(shapes) {
+        views.push(HostTensor {
+            values: f32_values(tensor)?,
+            shape,
+        });
+    }
+    views
+        .try_into()
+        .map_err(|_| UnsupportedTensor("input count changed".into()))
+}
+
+fn forward<Op: HostOp<N>, const N: usize>(
+    op: &Op,
+    inputs: &[FlexTensor; N],
+) -> Result<(FlexTensor, Vec<f32>), UnsupportedTensor> {
+    let (tensors, shapes) = contiguous(inputs);
+    let HostOutput {
+        values,
+        shape,
+        saved,
+    } = op.forward(host_views(&tensors, &shapes)?);
+    Ok((FlexTensor::from_data(TensorData::new(values, shape)), saved))
+}
+
+/// What the backward pass keeps: the inputs, the output and the op's own
+/// saved values.
+#[derive(Debug, Clone)]
+struct Saved<Op, const N: usize> {
+    op: Op,
+    inputs: [FlexTensor; N],
+    output: FlexTensor,
+    saved: Arc<Vec<f32>>,
+}
+
+impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for HostBackwardOf<Op, N> {
+    type State = Saved<Op, N>;
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_out = grads.consume::<Flex>(&ops.node).to_contiguous();
+        let state = ops.state;
+        let (tensors, shapes) = contiguous(&state.inputs);
+        let output = state.output.to_contiguous();
+        // The forward pass checked every one of these: a failure is a bug.
+        let (Ok(inputs), Ok(output_values), Ok(d_out_values)) = (
+            host_views(&tensors, &shapes),
+            f32_values(&output),
+            f32_values(&d_out),
+        ) else {
+            panic!("fused kernel backward: tensors are no longer contiguous f32");
+        };
+        let gradients = state
+            .op
+            .backward(inputs, output_values, &state.saved, d_out_values);
+        for ((parent, gradient), shape) in ops.parents.into_iter().zip(gradients).zip(shapes) {
+            if let Some(node) = parent {
+                let gradient = FlexTensor::from_data(TensorData::new(gradient, shape));
+                grads.register::<Flex>(node.id, gradient);
+            }
+        }
+    }
+}
+
+/// The backward step of `Op` (a marker: burn wants the step itself stateless).
+#[derive(Debug)]
+struct HostBackwardOf<Op, const N: usize>(std::marker::PhantomData<Op>);
+
+fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
+    op: Op,
+    inputs: [FloatTensor<Autodiff<Flex>>; N],
+) -> Result<FloatTensor<Autodiff<Flex>>, UnsupportedTensor> {
+    let parts = inputs.map(|t| t.into_parts());
+    let mut primitives = Vec::with_capacity(N);
+    let mut nodes = Vec::with_capacity(N);
+    for (primitive, node) in parts {
+        primitives.push(primitive);
+        nodes.push(node);
+    }
+    let (Ok(primitives), Ok(nodes)) = (
+        <[FlexTensor; N]>::try_from(primitives),
+        <[_; N]>::try_from(nodes),
+    ) else {
+        return Err(UnsupportedTensor("input count changed".into()));
+    };
+    let (output, saved) = forward(&op, &primitives)?;
+    // Compute-bound: gradient checkpointing keeps the output rather than
+    // running the kernel again.
+    Ok(
+        match HostBackwardOf::<Op, N>(std::marker::PhantomData)
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(
+                Saved {
+                    op,
+                    inputs: primitives,
+                    output: output.clone(),
+                    saved: Arc::new(saved),
+                },
+                output,
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        },
+    )
+}
