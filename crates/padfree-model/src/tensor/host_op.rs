@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use burn::tensor::{GradientCheckpointingStrategy, Tensor, TensorData};
 use burn_autodiff::Autodiff;
+use burn_autodiff::NodeId;
 use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::retro_forward::RetroForward;
+use burn_autodiff::checkpoint::state::BackwardStates;
 use burn_autodiff::checkpoint::strategy::{
     BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
 };
@@ -45,6 +48,12 @@ pub(crate) struct HostOutput {
 pub(crate) trait HostOp<const N: usize>:
     Clone + Send + Sync + std::fmt::Debug + 'static
 {
+    /// Cheap, memory-bound ops (norms, gates) keep only their inputs and run
+    /// the forward pass again in the backward one; under gradient
+    /// checkpointing their inputs may be recomputed too. Expensive ones
+    /// (attention) keep their output and saved values.
+    const RECOMPUTE: bool = false;
+
     /// The output and what to save.
     fn forward(&self, inputs: [HostTensor<'_>; N]) -> HostOutput;
 
@@ -179,12 +188,12 @@ impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for HostBackwardOf<Op, N> 
         let gradients = state
             .op
             .backward(inputs, output_values, &state.saved, d_out_values);
-        for ((parent, gradient), shape) in ops.parents.into_iter().zip(gradients).zip(shapes) {
-            if let Some(node) = parent {
-                let gradient = FlexTensor::from_data(TensorData::new(gradient, shape));
-                grads.register::<Flex>(node.id, gradient);
-            }
-        }
+        register(
+            grads,
+            ops.parents.map(|p| p.map(|node| node.id)),
+            gradients,
+            shapes,
+        );
     }
 }
 
@@ -196,6 +205,9 @@ fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
     op: Op,
     inputs: [FloatTensor<Autodiff<Flex>>; N],
 ) -> Result<FloatTensor<Autodiff<Flex>>, UnsupportedTensor> {
+    if Op::RECOMPUTE {
+        return recomputed::<Op, C, N>(op, inputs);
+    }
     let parts = inputs.map(|t| t.into_parts());
     let mut primitives = Vec::with_capacity(N);
     let mut nodes = Vec::with_capacity(N);
@@ -230,4 +242,104 @@ fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
             OpsKind::UnTracked(prep) => prep.finish(output),
         },
     )
+}
+
+/// The memory-bound path: the graph keeps the inputs (through burn's
+/// checkpointer, which may recompute them) and the backward pass runs the
+/// forward kernel again for the output and saved values.
+fn recomputed<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
+    op: Op,
+    inputs: [FloatTensor<Autodiff<Flex>>; N],
+) -> Result<FloatTensor<Autodiff<Flex>>, UnsupportedTensor> {
+    let primitives = inputs.each_ref().map(|t| t.primitive().clone());
+    let (output, _) = forward(&op, &primitives)?;
+    let nodes = inputs.each_ref().map(|t| t.node());
+    let retro = RetroHostOp {
+        op: op.clone(),
+        inputs: inputs.each_ref().map(|t| t.id()),
+    };
+    Ok(
+        match RecomputedBackwardOf::<Op, N>(std::marker::PhantomData)
+            .prepare::<C>(nodes)
+            .memory_bound()
+            .retro_forward(retro)
+            .parents(inputs.iter())
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let ids = inputs.each_ref().map(|t| prep.checkpoint(t));
+                prep.finish((op, ids), output)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        },
+    )
+}
+
+/// Recomputes the output of a memory-bound op when gradient checkpointing
+/// dropped it and a later op's backward pass asks for it.
+#[derive(Debug)]
+struct RetroHostOp<Op, const N: usize> {
+    op: Op,
+    inputs: [NodeId; N],
+}
+
+impl<Op: HostOp<N>, const N: usize> RetroForward for RetroHostOp<Op, N> {
+    fn forward(&self, states: &mut BackwardStates, out_node: NodeId) {
+        let inputs = self.inputs.map(|id| states.get_state::<FlexTensor>(&id));
+        // The first forward pass ran on these very tensors: a failure is a bug.
+        let Ok((output, _)) = forward(&self.op, &inputs) else {
+            panic!("fused kernel recompute: tensors are no longer contiguous f32");
+        };
+        states.save(out_node, output);
+    }
+}
+
+/// The backward step of a memory-bound `Op`.
+#[derive(Debug)]
+struct RecomputedBackwardOf<Op, const N: usize>(std::marker::PhantomData<Op>);
+
+impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for RecomputedBackwardOf<Op, N> {
+    type State = (Op, [NodeId; N]);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, N>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let (op, ids) = ops.state;
+        let inputs = ids.map(|id| checkpointer.retrieve_node_output::<FlexTensor>(id));
+        let d_out = grads.consume::<Flex>(&ops.node).to_contiguous();
+        let (tensors, shapes) = contiguous(&inputs);
+        let recomputed = host_views(&tensors, &shapes).map(|views| op.forward(views));
+        let (Ok(views), Ok(recomputed), Ok(d_out_values)) = (
+            host_views(&tensors, &shapes),
+            recomputed,
+            f32_values(&d_out),
+        ) else {
+            panic!("fused kernel backward: tensors are no longer contiguous f32");
+        };
+        let gradients = op.backward(views, &recomputed.values, &recomputed.saved, d_out_values);
+        register(
+            grads,
+            ops.parents.map(|p| p.map(|node| node.id)),
+            gradients,
+            shapes,
+        );
+    }
+}
+
+/// Hands every tracked parent its gradient.
+fn register<const N: usize>(
+    grads: &mut Gradients,
+    parents: [Option<NodeId>; N],
+    gradients: [Vec<f32>; N],
+    shapes: [Vec<usize>; N],
+) {
+    for ((parent, gradient), shape) in parents.into_iter().zip(gradients).zip(shapes) {
+        if let Some(id) = parent {
+            let gradient = FlexTensor::from_data(TensorData::new(gradient, shape));
+            grads.register::<Flex>(id, gradient);
+        }
+    }
 }

@@ -19,6 +19,8 @@ struct RmsNorm {
 }
 
 impl HostOp<2> for RmsNorm {
+    const RECOMPUTE: bool = true;
+
     /// Saves each row's `1 / rms`.
     fn forward(&self, [x, weight]: [HostTensor<'_>; 2]) -> HostOutput {
         let (y, inv_rms) = rms_norm_kernel::forward(x.values, weight.values, self.eps);

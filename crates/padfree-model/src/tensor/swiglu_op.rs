@@ -14,6 +14,8 @@ pub fn swiglu(gate: Tensor<2>, up: Tensor<2>) -> Result<Tensor<2>, UnsupportedTe
 struct SwiGlu;
 
 impl HostOp<2> for SwiGlu {
+    const RECOMPUTE: bool = true;
+
     fn forward(&self, [gate, up]: [HostTensor<'_>; 2]) -> HostOutput {
         HostOutput {
             values: swiglu_kernel::forward(gate.values, up.values),
