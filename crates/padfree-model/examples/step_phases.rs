@@ -16,26 +16,14 @@ use std::time::Instant;
 
 use padfree_model::tensor::{IntoHostVec, backward, cpu_device, grad};
 use padfree_model::{AttentionKernel, LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
-use padfree_pack::{Example, flatten, synthetic_examples};
+use padfree_pack::{Example, flatten, synthetic_prompted_examples};
 
 /// Milliseconds of (forward + loss, backward, gradients to host).
 type Phases = [f64; 3];
 
 fn batch(vocab: u32) -> Vec<Example> {
     let lengths = [142, 100, 180, 74, 260, 130, 150, 134];
-    synthetic_examples(&lengths, vocab, 1)
-        .into_iter()
-        .map(|example| {
-            let ids = example.input_ids().to_vec();
-            let prompt = ids.len() / 2;
-            let labels = ids
-                .iter()
-                .enumerate()
-                .map(|(t, &id)| if t < prompt { -100 } else { i64::from(id) })
-                .collect();
-            Example::new(ids, labels).expect("valid example")
-        })
-        .collect()
+    synthetic_prompted_examples(&lengths, vocab, 1, 2)
 }
 
 fn step(model: &LlamaModel, input: &ModelInput<'_>, labelled_rows_only: bool) -> Phases {

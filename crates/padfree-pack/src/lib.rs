@@ -63,4 +63,4 @@ pub use meta::BatchMeta;
 pub use pad::{PaddedBatch, pad};
 pub use plan::{EpochPlan, PackingConfig, PackingReport, plan_epoch};
 pub use rng::SplitMix64;
-pub use synthetic::{synthetic_examples, synthetic_lengths};
+pub use synthetic::{synthetic_examples, synthetic_lengths, synthetic_prompted_examples};

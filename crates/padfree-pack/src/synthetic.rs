@@ -32,6 +32,30 @@ pub fn synthetic_examples(lengths: &[usize], vocab_size: u32, seed: u64) -> Vec<
         .collect()
 }
 
+/// Like [`synthetic_examples`], but the first `len / prompt_divisor` tokens
+/// of every example are a prompt without labels (-100), as in instruction
+/// tuning, so label masking is exercised.
+pub fn synthetic_prompted_examples(
+    lengths: &[usize],
+    vocab_size: u32,
+    seed: u64,
+    prompt_divisor: usize,
+) -> Vec<Example> {
+    synthetic_examples(lengths, vocab_size, seed)
+        .into_iter()
+        .filter_map(|example| {
+            let ids = example.input_ids().to_vec();
+            let prompt = ids.len() / prompt_divisor.max(1);
+            let labels = ids
+                .iter()
+                .enumerate()
+                .map(|(t, &id)| if t < prompt { -100 } else { i64::from(id) })
+                .collect();
+            Example::new(ids, labels).ok()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

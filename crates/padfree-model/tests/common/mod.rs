@@ -3,27 +3,12 @@
 
 use padfree_model::tensor::{Gradients, IntoHostVec, Tensor, backward, cpu_device, grad};
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
-use padfree_pack::{Example, SplitMix64};
+use padfree_pack::{Example, synthetic_prompted_examples};
 
-/// Examples of the given lengths with pseudo-random ids below `vocab`, some
-/// labels ignored (as a prompt would be) so masking is exercised too.
+/// Examples of the given lengths with pseudo-random ids below `vocab`, the
+/// first third of each a prompt without labels, so masking is exercised too.
 pub fn examples(lengths: &[usize], vocab: u32, seed: u64) -> Vec<Example> {
-    let mut rng = SplitMix64::new(seed);
-    lengths
-        .iter()
-        .map(|&len| {
-            let ids: Vec<u32> = (0..len)
-                .map(|_| rng.below(u64::from(vocab)) as u32)
-                .collect();
-            let prompt = len / 3;
-            let labels = ids
-                .iter()
-                .enumerate()
-                .map(|(t, &id)| if t < prompt { -100 } else { i64::from(id) })
-                .collect();
-            Example::new(ids, labels).expect("valid example")
-        })
-        .collect()
+    synthetic_prompted_examples(lengths, vocab, seed, 3)
 }
 
 /// The model on an autodiff device.
