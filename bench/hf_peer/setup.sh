@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes .venv-peer/ with the Hugging Face stack the peer benchmark runs on
-# (from PyPI; the torch wheel is large). Then:
+# (from PyPI; the torch wheel is large). `padfree bench --peer` runs this
+# when .venv-peer/ is missing; by hand, then:
 #   padfree bench --peer-python .venv-peer/bin/python
 set -euo pipefail
 cd "$(dirname "$0")/../.."

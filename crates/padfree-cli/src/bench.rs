@@ -62,6 +62,11 @@ pub struct BenchArgs {
     /// a slow spell of the machine is spread over all of them.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeats: u32,
+    /// Also run Hugging Face's Trainer, with the Python of `.venv-peer/` in
+    /// the repository, made first by `bench/hf_peer/setup.sh` when missing
+    /// (torch and transformers from PyPI: several GB).
+    #[arg(long, conflicts_with = "peer_python")]
+    pub peer: bool,
     /// Also run Hugging Face's Trainer (bench/hf_peer/hf_peer.py) with this
     /// Python, padded and with DataCollatorWithFlattening, on the same batches,
     /// initial weights, settings and threads.
@@ -195,7 +200,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     });
     std::fs::create_dir_all(&output_dir)
         .with_context(|| format!("creating {}", output_dir.display()))?;
-    let peer = match &args.peer_python {
+    let peer_python = match (&args.peer_python, args.peer) {
+        (Some(python), _) => Some(python.clone()),
+        (None, true) => Some(peer_environment()?),
+        (None, false) => None,
+    };
+    let peer = match &peer_python {
         Some(python) => Some((python.as_path(), export_peer(args, &output_dir)?)),
         None => None,
     };
@@ -253,6 +263,37 @@ fn run_mode(args: &BenchArgs, mode: AttentionArg, output_dir: &Path) -> anyhow::
     Ok(result)
 }
 
+/// The repository this binary was built from (the peer's script lives there).
+fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The Python of `.venv-peer/`, made by `bench/hf_peer/setup.sh` if missing.
+fn peer_environment() -> anyhow::Result<PathBuf> {
+    let root = repository();
+    let python = root.join(".venv-peer/bin/python");
+    if python.is_file() {
+        return Ok(python);
+    }
+    let setup = root.join("bench/hf_peer/setup.sh");
+    println!(
+        "making {} with {} (torch and transformers from PyPI; several GB, minutes) ...",
+        root.join(".venv-peer").display(),
+        setup.display()
+    );
+    let status = Command::new("bash")
+        .arg(&setup)
+        .status()
+        .with_context(|| format!("running {}", setup.display()))?;
+    if !status.success() || !python.is_file() {
+        bail!(
+            "{} failed ({status})\nHINT: it needs python3 with venv and pip, and PyPI; or pass --peer-python with an environment that has torch 2.15 and transformers 5.24",
+            setup.display()
+        );
+    }
+    Ok(python)
+}
+
 fn threads(args: &BenchArgs) -> usize {
     args.threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
@@ -304,7 +345,7 @@ fn run_peer_mode(
     peer_dir: &Path,
     mode: &str,
 ) -> anyhow::Result<ModeResult> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/hf_peer/hf_peer.py");
+    let script = repository().join("bench/hf_peer/hf_peer.py");
     println!("running HF transformers, {mode} ...");
     let out = peer_dir.join(format!("result-{mode}.json"));
     let output = Command::new(python)
@@ -332,14 +373,23 @@ fn run_peer_mode(
 }
 
 fn run_child(args: &BenchArgs, mode: AttentionMode, result: &Path) -> anyhow::Result<()> {
+    // The trainer wants an output directory; nothing is saved there.
+    let scratch = std::env::temp_dir().join(format!("padfree-bench-{}", std::process::id()));
+    let outcome = timed_run(args, mode, &scratch);
+    std::fs::remove_dir_all(&scratch).ok();
+    write_atomically(result, &serde_json::to_vec_pretty(&outcome?)?)?;
+    Ok(())
+}
+
+/// Trains `mode` for the warm-up and timed steps and measures the timed ones.
+fn timed_run(args: &BenchArgs, mode: AttentionMode, scratch: &Path) -> anyhow::Result<ModeResult> {
     let job = args.job(mode)?;
     let loaded = train::load(&job)?;
-    let scratch = std::env::temp_dir().join(format!("padfree-bench-{}", std::process::id()));
     let mut trainer = Trainer::new(
         loaded.model,
         loaded.dataset.examples,
         job.train.clone(),
-        &scratch,
+        scratch,
         Vec::new(),
     )?;
     let (mut seconds, mut real, mut fed, mut samples) = (0.0, 0, 0, 0);
@@ -370,8 +420,7 @@ fn run_child(args: &BenchArgs, mode: AttentionMode, result: &Path) -> anyhow::Re
         final_loss: step_losses.last().copied().unwrap_or(f64::NAN),
         step_losses,
     };
-    write_atomically(result, &serde_json::to_vec_pretty(&outcome)?)?;
-    Ok(())
+    Ok(outcome)
 }
 
 /// The table and what follows from it.

@@ -5,11 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("padfree-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+/// A fresh directory under the system temp dir, removed (with all it holds)
+/// when the returned guard is dropped.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("padfree-cli-{name}-"))
+        .tempdir()
+        .expect("scratch dir")
 }
 
 fn repo(path: &str) -> PathBuf {
@@ -51,8 +53,9 @@ fn first_records(count: usize) -> String {
 
 #[test]
 fn bad_data_files_name_the_file_line_and_field() {
-    let dir = scratch("bad-data");
-    let config = tiny_config_with_shipped_vocab(&dir);
+    let dir_guard = scratch("bad-data");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
     let out = dir.join("out").display().to_string();
     let cases: [(&str, &[u8], &str); 3] = [
         (
@@ -98,7 +101,8 @@ fn bad_data_files_name_the_file_line_and_field() {
 
 #[test]
 fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
-    let dir = scratch("vocab");
+    let dir_guard = scratch("vocab");
+    let dir = dir_guard.path();
     let tokenizer = repo("data/gsm-symbolic/tokenizer.json")
         .display()
         .to_string();
@@ -122,7 +126,7 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
 
 #[test]
 fn conflicting_or_invalid_flags_are_refused() {
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["train", "--padding-free", "false", "--attention", "varlen"],
             "--padding-free false",
@@ -135,6 +139,11 @@ fn conflicting_or_invalid_flags_are_refused() {
             &["train", "--adam-beta2", "1.5"],
             "--adam-beta2: 1.5 is outside [0, 1)",
         ),
+        (
+            &["bench", "--peer", "--peer-python", "python3"],
+            "cannot be used with",
+        ),
+        (&["bench", "--repeats", "0"], "--repeats"),
     ];
     for (args, expected) in cases {
         let output = padfree(args);
@@ -149,8 +158,9 @@ fn conflicting_or_invalid_flags_are_refused() {
 
 #[test]
 fn a_tiny_run_writes_an_hf_model_and_resumes_bit_identically() {
-    let dir = scratch("tiny-run");
-    let config = tiny_config_with_shipped_vocab(&dir);
+    let dir_guard = scratch("tiny-run");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
     let data = dir.join("train.jsonl");
     std::fs::write(&data, first_records(24)).expect("write data");
     let (config, data) = (config.as_str(), data.display().to_string());
@@ -246,7 +256,8 @@ fn smollm2_fine_tunes_from_its_gguf() {
         );
         return;
     }
-    let dir = scratch("smollm2");
+    let dir_guard = scratch("smollm2");
+    let dir = dir_guard.path();
     let data = dir.join("chat.jsonl");
     std::fs::write(&data, concat!(
         "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 12 + 30?\"}, {\"role\": \"assistant\", \"content\": \"12 + 30 = 42. The answer is 42.\"}]}\n",
@@ -302,8 +313,9 @@ fn smollm2_fine_tunes_from_its_gguf() {
 
 #[test]
 fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
-    let dir = scratch("bench");
-    let config = tiny_config_with_shipped_vocab(&dir);
+    let dir_guard = scratch("bench");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
     let data = dir.join("train.jsonl");
     std::fs::write(&data, first_records(24)).expect("write data");
     let out = dir.join("out");

@@ -142,9 +142,11 @@ fn bad_records_are_refused_with_file_line_and_field() {
 
 #[test]
 fn non_utf8_is_refused_with_its_line() {
-    let dir = std::env::temp_dir().join(format!("padfree-data-utf8-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path: PathBuf = dir.join("latin1.jsonl");
+    let dir = tempfile::Builder::new()
+        .prefix("padfree-data-utf8-")
+        .tempdir()
+        .expect("scratch dir");
+    let path: PathBuf = dir.path().join("latin1.jsonl");
     let mut bytes = b"{\"prompt\": \"p\", \"completion\": \"c\"}\n".to_vec();
     bytes.extend(b"{\"prompt\": \"caf\xe9\", \"completion\": \"c\"}\n");
     std::fs::write(&path, bytes).expect("write");
@@ -155,8 +157,8 @@ fn non_utf8_is_refused_with_its_line() {
         err.contains("latin1.jsonl:line 2: not valid UTF-8"),
         "{err}"
     );
-    let missing =
-        read_records(&dir.join("absent.jsonl"), &FieldNames::default()).expect_err("refused");
+    let missing = read_records(&dir.path().join("absent.jsonl"), &FieldNames::default())
+        .expect_err("refused");
     assert!(missing.to_string().contains("absent.jsonl"), "{missing}");
 }
 

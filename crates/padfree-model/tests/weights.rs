@@ -13,11 +13,13 @@ use padfree_pack::flatten;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("padfree-weights-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+/// A fresh directory under the system temp dir, removed (with all it holds)
+/// when the returned guard is dropped.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("padfree-weights-{name}-"))
+        .tempdir()
+        .expect("scratch dir")
 }
 
 /// Every parameter of a model as (name, shape, f32 values).
@@ -69,14 +71,15 @@ fn write_file(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)], dtype: Dt
 
 #[test]
 fn save_then_load_gives_the_same_model() {
-    let dir = temp_dir("roundtrip");
+    let dir_guard = temp_dir("roundtrip");
+    let dir = dir_guard.path();
     let config = LlamaConfig::tiny();
     let model = LlamaModel::init(&config, 4, &cpu_device(false)).expect("valid config");
-    model.save_hf_dir(&dir).expect("saves");
-    let loaded = LlamaModel::from_hf_dir(&dir, &cpu_device(false)).expect("loads");
+    model.save_hf_dir(dir).expect("saves");
+    let loaded = LlamaModel::from_hf_dir(dir, &cpu_device(false)).expect("loads");
     assert_eq!(loaded.config(), &config);
     assert_eq!(tensors_of(&loaded), tensors_of(&model));
-    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+    let leftovers: Vec<_> = std::fs::read_dir(dir)
         .expect("lists")
         .filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
@@ -90,10 +93,10 @@ fn reads_half_precision_and_sharded_checkpoints() {
     let model = LlamaModel::init(&config, 5, &cpu_device(false)).expect("valid config");
     let tensors = tensors_of(&model);
     for dtype in [Dtype::F16, Dtype::BF16] {
-        let dir = temp_dir(&format!("{dtype:?}"));
+        let dir_guard = temp_dir(&format!("{dtype:?}"));
+        let dir = dir_guard.path();
         write_file(&dir.join("model.safetensors"), &tensors, dtype);
-        let loaded =
-            LlamaModel::from_safetensors(&config, &dir, &cpu_device(false)).expect("loads");
+        let loaded = LlamaModel::from_safetensors(&config, dir, &cpu_device(false)).expect("loads");
         for ((name, _, want), (_, _, got)) in tensors.iter().zip(tensors_of(&loaded)) {
             for (w, g) in want.iter().zip(&got) {
                 let rounded = match dtype {
@@ -105,7 +108,8 @@ fn reads_half_precision_and_sharded_checkpoints() {
         }
     }
 
-    let dir = temp_dir("sharded");
+    let dir_guard = temp_dir("sharded");
+    let dir = dir_guard.path();
     let (first, second) = tensors.split_at(tensors.len() / 2);
     write_file(
         &dir.join("model-00001-of-00002.safetensors"),
@@ -129,7 +133,7 @@ fn reads_half_precision_and_sharded_checkpoints() {
     let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).expect("writes");
     let loaded =
-        LlamaModel::from_safetensors(&config, &dir, &cpu_device(false)).expect("loads shards");
+        LlamaModel::from_safetensors(&config, dir, &cpu_device(false)).expect("loads shards");
     assert_eq!(tensors_of(&loaded), tensors);
 }
 
@@ -139,9 +143,10 @@ fn a_missing_tensor_is_named() {
     let model = LlamaModel::init(&config, 6, &cpu_device(false)).expect("valid config");
     let mut tensors = tensors_of(&model);
     tensors.retain(|t| t.0 != "model.layers.1.mlp.up_proj.weight");
-    let dir = temp_dir("missing");
+    let dir_guard = temp_dir("missing");
+    let dir = dir_guard.path();
     write_file(&dir.join("model.safetensors"), &tensors, Dtype::F32);
-    match LlamaModel::from_safetensors(&config, &dir, &cpu_device(false)) {
+    match LlamaModel::from_safetensors(&config, dir, &cpu_device(false)) {
         Err(err @ ModelError::Weights { .. }) => {
             let message = err.to_string();
             assert!(
@@ -156,18 +161,19 @@ fn a_missing_tensor_is_named() {
 
 #[test]
 fn a_misshaped_tensor_is_named_with_both_shapes() {
-    let dir = temp_dir("misshaped");
+    let dir_guard = temp_dir("misshaped");
+    let dir = dir_guard.path();
     let config = LlamaConfig::tiny();
     LlamaModel::init(&config, 6, &cpu_device(false))
         .expect("valid")
-        .save_hf_dir(&dir)
+        .save_hf_dir(dir)
         .expect("saves");
     let wider = LlamaConfig {
         intermediate_size: 96,
         ..config
     };
     let err =
-        LlamaModel::from_safetensors(&wider, &dir, &cpu_device(false)).expect_err("shapes differ");
+        LlamaModel::from_safetensors(&wider, dir, &cpu_device(false)).expect_err("shapes differ");
     let message = err.to_string();
     assert!(
         message.contains("model.layers.0.mlp.gate_proj.weight")
@@ -179,15 +185,16 @@ fn a_misshaped_tensor_is_named_with_both_shapes() {
 
 #[test]
 fn a_truncated_file_and_a_bad_config_are_reported_with_their_path() {
-    let dir = temp_dir("broken");
+    let dir_guard = temp_dir("broken");
+    let dir = dir_guard.path();
     LlamaModel::init(&LlamaConfig::tiny(), 6, &cpu_device(false))
         .expect("valid")
-        .save_hf_dir(&dir)
+        .save_hf_dir(dir)
         .expect("saves");
     let file = dir.join("model.safetensors");
     let bytes = std::fs::read(&file).expect("reads");
     std::fs::write(&file, &bytes[..bytes.len() / 2]).expect("truncates");
-    let err = LlamaModel::from_hf_dir(&dir, &cpu_device(false)).expect_err("truncated");
+    let err = LlamaModel::from_hf_dir(dir, &cpu_device(false)).expect_err("truncated");
     assert!(matches!(err, ModelError::Format { .. }), "{err}");
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 
@@ -196,7 +203,7 @@ fn a_truncated_file_and_a_bad_config_are_reported_with_their_path() {
         "{ \"vocab_size\": 12,\n \"hidden_size\": }",
     )
     .expect("writes");
-    let err = LlamaModel::from_hf_dir(&dir, &cpu_device(false)).expect_err("bad json");
+    let err = LlamaModel::from_hf_dir(dir, &cpu_device(false)).expect_err("bad json");
     assert!(
         err.to_string().contains("config.json") && err.to_string().contains("line 2"),
         "{err}"

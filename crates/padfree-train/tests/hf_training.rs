@@ -81,8 +81,12 @@ fn four_steps_match_pytorch_adamw_with_hf_accumulation() {
         save_strategy: SaveStrategy::No,
         ..TrainConfig::default()
     };
-    let dir = std::env::temp_dir().join(format!("padfree-hf-train-{}", std::process::id()));
-    let mut trainer = Trainer::new(model, examples, config, &dir, Vec::new()).expect("trainer");
+    let dir = tempfile::Builder::new()
+        .prefix("padfree-hf-train-")
+        .tempdir()
+        .expect("scratch dir");
+    let mut trainer =
+        Trainer::new(model, examples, config, dir.path(), Vec::new()).expect("trainer");
 
     let (losses, norms, rates) = (
         f64s(&expected, "step_losses"),

@@ -2,7 +2,7 @@
 //! agree step by step, accumulation is normalised by the window's label
 //! tokens, resume is bit-exact, and bad runs stop cleanly.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use padfree_model::tensor::{IntoHostVec, cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
@@ -12,10 +12,13 @@ use padfree_train::{
     AttentionMode, Batching, Observer, SaveStrategy, TrainConfig, TrainError, Trainer, Warmup,
 };
 
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("padfree-train-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A fresh directory under the system temp dir, removed (with all it holds)
+/// when the returned guard is dropped.
+fn scratch_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("padfree-train-{name}-"))
+        .tempdir()
+        .expect("scratch dir")
 }
 
 /// Ragged examples whose first third is a prompt (label -100).
@@ -84,8 +87,9 @@ fn padded_and_padding_free_training_agree_over_20_steps() {
         AttentionMode::VarlenPerLayer,
         AttentionMode::Padded,
     ] {
-        let dir = scratch_dir(&format!("equiv-{}", attention.name()));
-        let mut t = trainer(config(attention, 20), &dir);
+        let dir_guard = scratch_dir(&format!("equiv-{}", attention.name()));
+        let dir = dir_guard.path();
+        let mut t = trainer(config(attention, 20), dir);
         let summary = t.train(&mut ()).expect("trains");
         assert_eq!(summary.steps, 20);
         runs.push((
@@ -142,8 +146,9 @@ fn accumulation_is_normalised_by_the_window_label_tokens() {
         gradient_accumulation_steps: 4,
         ..one_batch.clone()
     };
-    let mut a = trainer(one_batch, &scratch_dir("accum-a"));
-    let mut b = trainer(accumulated, &scratch_dir("accum-b"));
+    let (dir_a, dir_b) = (scratch_dir("accum-a"), scratch_dir("accum-b"));
+    let mut a = trainer(one_batch, dir_a.path());
+    let mut b = trainer(accumulated, dir_b.path());
     let (ma, mb) = (a.train_step().expect("step"), b.train_step().expect("step"));
     assert_eq!(ma.label_tokens, mb.label_tokens);
     assert!(
@@ -196,12 +201,14 @@ fn resume_after_an_interruption_is_bit_exact() {
         weight_decay: 0.1,
         ..config(AttentionMode::Varlen, 9)
     };
-    let straight_dir = scratch_dir("resume-straight");
-    let mut straight = trainer(run.clone(), &straight_dir);
+    let straight_dir_guard = scratch_dir("resume-straight");
+    let straight_dir = straight_dir_guard.path();
+    let mut straight = trainer(run.clone(), straight_dir);
     straight.train(&mut ()).expect("trains");
 
-    let interrupted_dir = scratch_dir("resume-interrupted");
-    let mut first = trainer(run.clone(), &interrupted_dir);
+    let interrupted_dir_guard = scratch_dir("resume-interrupted");
+    let interrupted_dir = interrupted_dir_guard.path();
+    let mut first = trainer(run.clone(), interrupted_dir);
     let summary = first.train(&mut StopAfter(4, 0)).expect("trains");
     assert!(summary.interrupted);
     assert_eq!(summary.global_step, 4);
@@ -220,7 +227,7 @@ fn resume_after_an_interruption_is_bit_exact() {
         &saved,
         examples(40, 128, 3),
         run,
-        &interrupted_dir,
+        interrupted_dir,
         Vec::new(),
     )
     .expect("resumes");
@@ -254,8 +261,8 @@ fn resume_after_an_interruption_is_bit_exact() {
             .collect()
     };
     assert_eq!(
-        strip_speed(metrics(&interrupted_dir)),
-        strip_speed(metrics(&straight_dir))
+        strip_speed(metrics(interrupted_dir)),
+        strip_speed(metrics(straight_dir))
     );
 }
 
@@ -265,8 +272,9 @@ fn resuming_with_other_settings_is_refused_by_name() {
         save_strategy: SaveStrategy::Steps(2),
         ..config(AttentionMode::Varlen, 3)
     };
-    let dir = scratch_dir("resume-mismatch");
-    trainer(run.clone(), &dir).train(&mut ()).expect("trains");
+    let dir_guard = scratch_dir("resume-mismatch");
+    let dir = dir_guard.path();
+    trainer(run.clone(), dir).train(&mut ()).expect("trains");
     let saved = dir.join("checkpoint-2");
     let changed = TrainConfig {
         learning_rate: 1e-3,
@@ -278,7 +286,7 @@ fn resuming_with_other_settings_is_refused_by_name() {
         &saved,
         examples(40, 128, 3),
         changed,
-        &dir,
+        dir,
         Vec::new(),
     )
     .expect_err("refused");
@@ -294,8 +302,9 @@ fn a_non_finite_loss_stops_before_the_update_and_keeps_the_last_checkpoint() {
         save_strategy: SaveStrategy::Steps(1),
         ..config(AttentionMode::Varlen, 5)
     };
-    let dir = scratch_dir("nan");
-    let mut t = trainer(run, &dir);
+    let dir_guard = scratch_dir("nan");
+    let dir = dir_guard.path();
+    let mut t = trainer(run, dir);
     let err = t.train(&mut ()).expect_err("must stop");
     let TrainError::NonFinite { step, .. } = &err else {
         panic!("unexpected error: {err}")
@@ -309,7 +318,8 @@ fn a_non_finite_loss_stops_before_the_update_and_keeps_the_last_checkpoint() {
 
 #[test]
 fn the_output_directory_holds_an_hf_model_metrics_and_a_plot() {
-    let dir = scratch_dir("outputs");
+    let dir_guard = scratch_dir("outputs");
+    let dir = dir_guard.path();
     let run = TrainConfig {
         logging_steps: 2,
         save_strategy: SaveStrategy::Epoch,
@@ -317,9 +327,8 @@ fn the_output_directory_holds_an_hf_model_metrics_and_a_plot() {
         ..config(AttentionMode::Varlen, 7)
     };
     let artifacts = vec![("tokenizer.json".to_owned(), b"{}".to_vec())];
-    prepare_output_dir(&dir, false, false).expect("fresh dir");
-    let mut t =
-        Trainer::new(model(1), examples(40, 128, 3), run, &dir, artifacts).expect("trainer");
+    prepare_output_dir(dir, false, false).expect("fresh dir");
+    let mut t = Trainer::new(model(1), examples(40, 128, 3), run, dir, artifacts).expect("trainer");
     let summary = t.train(&mut ()).expect("trains");
     // 40 examples in batches of 16: 3 steps per epoch, saved at steps 3 and 6.
     assert!(dir.join("checkpoint-3/tokenizer.json").is_file());
@@ -337,14 +346,14 @@ fn the_output_directory_holds_an_hf_model_metrics_and_a_plot() {
     }
     let lines = std::fs::read_to_string(dir.join("metrics.jsonl")).expect("metrics");
     assert_eq!(lines.lines().count(), 4, "steps 2, 4, 6 and the last, 7");
-    let saved = LlamaModel::from_hf_dir(&dir, &cpu_device(false)).expect("final model loads");
+    let saved = LlamaModel::from_hf_dir(dir, &cpu_device(false)).expect("final model loads");
     assert_eq!(max_abs_diff(&params(&saved), &params(t.model())), 0.0);
     assert!(summary.train_tokens_per_second > 0.0 && summary.peak_memory_bytes.is_some());
     assert!(
-        prepare_output_dir(&dir, false, false).is_err(),
+        prepare_output_dir(dir, false, false).is_err(),
         "a non-empty output dir needs --overwrite-output-dir"
     );
-    assert!(prepare_output_dir(&dir, true, false).is_ok());
+    assert!(prepare_output_dir(dir, true, false).is_ok());
 }
 
 #[test]
@@ -356,14 +365,16 @@ fn gradient_checkpointing_leaves_results_bit_identical() {
         "checkpointing must be on"
     );
     let run = config(AttentionMode::Varlen, 5);
-    let mut plain = trainer(run.clone(), &scratch_dir("ckpt-plain"));
+    let plain_dir = scratch_dir("ckpt-plain");
+    let mut plain = trainer(run.clone(), plain_dir.path());
     plain.train(&mut ()).expect("trains");
-    let dir = scratch_dir("ckpt-recompute");
-    prepare_output_dir(&dir, false, false).expect("output dir");
+    let dir_guard = scratch_dir("ckpt-recompute");
+    let dir = dir_guard.path();
+    prepare_output_dir(dir, false, false).expect("output dir");
     let recomputing = LlamaModel::init(&LlamaConfig::tiny(), 1, &cpu_device_with_checkpointing())
         .expect("tiny model");
     let mut checkpointed =
-        Trainer::new(recomputing, examples(40, 128, 3), run, &dir, Vec::new()).expect("trainer");
+        Trainer::new(recomputing, examples(40, 128, 3), run, dir, Vec::new()).expect("trainer");
     checkpointed.train(&mut ()).expect("trains");
     // Recomputation repeats the same operations on the same values.
     assert_eq!(checkpointed.step_losses(), plain.step_losses());
