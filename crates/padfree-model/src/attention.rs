@@ -39,15 +39,16 @@ impl CausalMasks {
     }
 }
 
-/// How padding-free attention is computed.
+/// How attention is computed, for flattened and padded batches alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKernel {
     /// padfree's fused kernel (`varlen_kernel`): one call per layer for the
     /// whole batch, with its own backward pass. The default.
     #[default]
     Fused,
-    /// One attention per example built from burn tensor ops: slow, obvious,
-    /// kept as the oracle the fused kernel is tested against.
+    /// One attention per example (or per padded row, with a mask) built from
+    /// burn tensor ops: slow, obvious, kept as the oracle the fused kernel is
+    /// tested against.
     Composed,
 }
 

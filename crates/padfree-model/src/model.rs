@@ -176,14 +176,14 @@ impl LlamaModel {
         })
     }
 
-    /// The same model computing padding-free attention with `kernel`
-    /// (the fused one unless told otherwise).
+    /// The same model computing attention with `kernel` (the fused one
+    /// unless told otherwise).
     pub fn with_attention_kernel(mut self, kernel: AttentionKernel) -> Self {
         self.attention_kernel = kernel;
         self
     }
 
-    /// How padding-free attention is computed.
+    /// How attention is computed.
     pub fn attention_kernel(&self) -> AttentionKernel {
         self.attention_kernel
     }
