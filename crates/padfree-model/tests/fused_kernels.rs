@@ -244,7 +244,7 @@ fn fused_rms_norm_matches_the_composed_formula() {
         .zip(fused_grads.iter().zip(&composed_grads))
     {
         assert!(!a.is_empty(), "{name} missing");
-        assert_close(name, a, b, 1e-4, RTOL);
+        assert_close(name, a, b, ATOL, RTOL);
     }
 }
 
