@@ -1,14 +1,12 @@
 //! `padfree`: padding-free fine-tuning of decoder language models.
 //!
-//! Arguments are parsed by clap into plain values (`args`), then validated
-//! once into typed configurations that the commands run on.
+//! `args/` holds every command's flags: clap parses them into plain values,
+//! then `validate` turns them into a typed job once. `commands/` runs the
+//! jobs. `clock.rs` names run directories and dates reports.
 
 mod args;
-mod bench;
-mod lengths;
-mod pack;
-mod train;
-mod train_args;
+mod clock;
+mod commands;
 
 use clap::Parser;
 
@@ -17,14 +15,19 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         args::Command::Pack(pack_args) => pack_args
             .validate()
-            .and_then(|config| pack::run(&config))
+            .and_then(|job| commands::pack::run(&job))
             .map(|()| false),
-        args::Command::Bench(bench_args) => bench::run(&bench_args).map(|()| false),
-        args::Command::Train(train_args) => train_args.validate().and_then(|job| train::run(&job)),
+        args::Command::Bench(bench_args) => bench_args
+            .validate()
+            .and_then(|job| commands::bench::run(&job))
+            .map(|()| false),
+        args::Command::Train(train_args) => train_args
+            .validate()
+            .and_then(|job| commands::train::run(&job)),
     };
     match result {
         Ok(false) => std::process::ExitCode::SUCCESS,
-        Ok(true) => std::process::ExitCode::from(train::INTERRUPTED_EXIT),
+        Ok(true) => std::process::ExitCode::from(commands::train::INTERRUPTED_EXIT),
         Err(err) => {
             eprintln!("error: {err:#}");
             std::process::ExitCode::FAILURE

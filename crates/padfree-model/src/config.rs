@@ -276,20 +276,6 @@ impl LlamaConfig {
         self.num_attention_heads / self.num_key_value_heads
     }
 
-    /// Number of parameters, counting a tied LM head once.
-    pub fn num_parameters(&self) -> usize {
-        let (c, d) = (self.hidden_size, self.head_dim);
-        let attention = c * self.num_attention_heads * d * 2 + c * self.num_key_value_heads * d * 2;
-        let mlp = 3 * c * self.intermediate_size;
-        let layer = attention + mlp + 2 * c;
-        let head = if self.tie_word_embeddings {
-            0
-        } else {
-            self.vocab_size * c
-        };
-        self.vocab_size * c + self.num_hidden_layers * layer + c + head
-    }
-
     /// The Hugging Face `config.json` of this model.
     pub fn to_hf_json(&self) -> serde_json::Value {
         let architecture = if self.model_type == "mistral" {

@@ -74,9 +74,35 @@ pub enum ModelError {
         /// The model's vocabulary size.
         vocab_size: usize,
     },
-    /// A batch whose shape the model cannot take.
-    #[error("{0}")]
-    Batch(String),
+    /// A batch the collator's checks refuse, with the step that met it.
+    #[error("{what}: {source}")]
+    Pack {
+        /// What was being derived (e.g. `position_ids`, `padded rows`).
+        what: &'static str,
+        /// The collator's own error, kept typed.
+        #[source]
+        source: padfree_pack::PackError,
+    },
+    /// A sequence longer than a sliding-window model attends over.
+    #[error(
+        "a sequence of {len} tokens is longer than the model's sliding_window of {window}\nHINT: truncate examples to {window} tokens (--max-seq-len); sliding-window attention is not implemented"
+    )]
+    SequenceTooLong {
+        /// The longest sequence of the batch.
+        len: usize,
+        /// The model's `sliding_window`.
+        window: usize,
+    },
+    /// A target list whose length is not the batch's row count.
+    #[error(
+        "{targets} targets for {rows} rows\nHINT: take the targets from the same batch (`next_token_targets`)"
+    )]
+    TargetCount {
+        /// Targets given.
+        targets: usize,
+        /// Rows of the logits.
+        rows: usize,
+    },
 }
 
 impl ModelError {
@@ -88,8 +114,8 @@ impl ModelError {
     }
 }
 
-impl From<crate::tensor::UnsupportedTensor> for ModelError {
-    fn from(err: crate::tensor::UnsupportedTensor) -> Self {
+impl From<crate::kernels::UnsupportedTensor> for ModelError {
+    fn from(err: crate::kernels::UnsupportedTensor) -> Self {
         Self::UnsupportedTensor(err.0)
     }
 }

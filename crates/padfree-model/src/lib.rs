@@ -8,37 +8,44 @@
 //! [`padfree_pack::BatchMeta`], `varlen-per-layer`, or `padded`), and the
 //! metadata is handed to every layer, never recomputed there.
 //!
+//! # Map
+//! - `model.rs`: [`LlamaModel`] (parameters, forward, fused loss, load/save);
+//!   `input.rs`: [`ModelInput`]; `loss.rs`: [`LossSum`], [`LabelRows`] and the
+//!   oracle loss [`causal_lm_loss`]; `config.rs`: [`LlamaConfig`] and presets.
+//! - [`layers`]: embedding, decoder layer, attention (strategy dispatch),
+//!   RoPE, MLP, RMSNorm; views that borrow the model's parameters.
+//! - [`kernels`]: the fused CPU kernels, each with its burn autodiff glue and
+//!   its composed oracle in one file; `host_op.rs` is the shared glue.
+//! - [`weights`]: the parameter table (HF name, shape, GGUF name), safetensors
+//!   in and out, [`gguf`] in (with its tokenizer).
+//! - [`tensor`]: the thin wrapper over burn's tensor API.
+//!
+//! Modules depend one way: `tensor` <- `kernels` <- `layers` <- `model`;
+//! `config` <- `weights` <- `model`; nothing imports `model` back.
+//!
 //! # Shapes
 //! `T` tokens of a flattened batch, `B` examples, `L` padded length, `N` rows
 //! the model runs on (`T` or `B * L`), `C` hidden size, `H` query heads, `Hkv`
-//! key/value heads, `D` head size, `V` vocabulary.
+//! key/value heads, `D` head size, `V` vocabulary, `I` MLP width.
 
-mod attention;
 mod config;
-mod cross_entropy_kernel;
-mod decoder;
-mod embedding;
 mod error;
-pub mod gguf;
-mod gguf_model;
-mod gguf_tokenizer;
+mod input;
+pub mod kernels;
+pub mod layers;
 mod loss;
-mod mlp;
 mod model;
-mod norm;
-mod param;
-mod rms_norm_kernel;
-mod rope;
-mod safetensors_io;
-mod swiglu_kernel;
 pub mod tensor;
-mod varlen_kernel;
+pub mod weights;
 
-pub use attention::{AttentionKernel, AttentionLayout, CausalMasks, PaddedAttention};
 pub use config::LlamaConfig;
 pub use error::ModelError;
-pub use gguf_tokenizer::tokenizer_from_gguf;
+pub use input::ModelInput;
+pub use kernels::CausalMasks;
+pub use layers::{AttentionKernel, AttentionLayout, PaddedAttention};
 pub use loss::{LabelRows, LossSum, causal_lm_loss};
-pub use model::{LlamaModel, ModelInput};
-pub use param::Param;
-pub use safetensors_io::write_atomically;
+pub use model::LlamaModel;
+pub use weights::gguf;
+pub use weights::gguf::tokenizer_from_gguf;
+pub use weights::safetensors::write_atomically;
+pub use weights::table::Param;

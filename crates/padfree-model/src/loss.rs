@@ -1,7 +1,8 @@
 use padfree_pack::IGNORE_INDEX;
 
 use crate::error::ModelError;
-use crate::tensor::{Device, Int, Tensor, cross_entropy_sum, gather_columns, int_tensor_nd};
+use crate::kernels::{composed_cross_entropy_sum, cross_entropy_sum};
+use crate::tensor::{Device, Int, Tensor, int_tensor_nd};
 
 /// The summed cross-entropy of a batch and the number of label tokens in it.
 ///
@@ -37,9 +38,12 @@ pub fn causal_lm_loss(logits: Tensor<2>, targets: &[i64]) -> Result<LossSum, Mod
     if labels.is_empty() {
         return Ok(LossSum::empty(logits));
     }
-    let rows = labels.rows_tensor(&logits.device());
-    let kept = logits.select(0, rows);
-    Ok(composed_cross_entropy_sum(kept, &labels))
+    let device = logits.device();
+    let kept = logits.select(0, labels.rows_tensor(&device));
+    Ok(LossSum {
+        sum: composed_cross_entropy_sum(kept, labels.targets_tensor(&device)),
+        num_tokens: labels.len(),
+    })
 }
 
 /// The rows of a batch that carry a label, and those labels.
@@ -56,10 +60,10 @@ impl LabelRows {
     /// Checks `targets` (`[N]`, -100 = none) against `rows` and the vocabulary.
     pub fn new(targets: &[i64], rows: usize, vocab: usize) -> Result<Self, ModelError> {
         if targets.len() != rows {
-            return Err(ModelError::Batch(format!(
-                "{} targets for {rows} rows",
-                targets.len()
-            )));
+            return Err(ModelError::TargetCount {
+                targets: targets.len(),
+                rows,
+            });
         }
         let mut labels = Self::default();
         for (row, &target) in targets.iter().enumerate() {
@@ -112,37 +116,16 @@ impl LossSum {
 }
 
 /// Summed cross-entropy of the labelled rows' logits, `[K, V]`, through the
-/// fused kernel (`cross_entropy_kernel.rs`): one pass for the loss, one for
+/// fused kernel (`kernels/cross_entropy.rs`): one pass for the loss, one for
 /// the gradient.
 pub(crate) fn fused_cross_entropy_sum(
     kept: Tensor<2>,
     labels: &LabelRows,
 ) -> Result<LossSum, ModelError> {
     let targets: Vec<usize> = labels.targets.iter().map(|&t| t as usize).collect();
-    let sum = cross_entropy_sum(kept, &targets).map_err(|err| {
-        ModelError::Batch(format!(
-            "{}\nHINT: compute the loss with causal_lm_loss for this tensor type",
-            err.0
-        ))
-    })?;
+    let sum = cross_entropy_sum(kept, &targets)?;
     Ok(LossSum {
         sum,
         num_tokens: labels.len(),
     })
-}
-
-/// Summed cross-entropy of the labelled rows' logits, `[K, V]`, from burn
-/// ops: slow and obvious, the oracle of the fused kernel.
-fn composed_cross_entropy_sum(kept: Tensor<2>, labels: &LabelRows) -> LossSum {
-    let num_tokens = labels.len();
-    let device = kept.device();
-    // log p = x - logsumexp(x), with the row maximum subtracted for stability.
-    let max = kept.clone().max_dim(1).detach();
-    let shifted = kept - max;
-    let log_norm = shifted.clone().exp().sum_dim(1).log().reshape([num_tokens]);
-    let picked = gather_columns(shifted, labels.targets_tensor(&device));
-    LossSum {
-        sum: (log_norm - picked).sum(),
-        num_tokens,
-    }
 }

@@ -1,78 +1,35 @@
-use padfree_pack::{BatchMeta, PackedBatch, PaddedBatch, SplitMix64};
+//! `LlamaModel`: its parameters in the table's order, the forward pass, the
+//! fused loss, and loading and saving through `weights/` (which never sees
+//! this type).
 
-use crate::attention::{Attention, AttentionKernel, AttentionLayout, CausalMasks, PaddedAttention};
+use std::path::Path;
+
+use padfree_pack::{BatchMeta, PaddedBatch, SplitMix64};
+
 use crate::config::LlamaConfig;
-use crate::decoder::DecoderLayer;
-use crate::embedding::Embedding;
 use crate::error::ModelError;
-use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum};
-use crate::mlp::Mlp;
-use crate::norm::RmsNorm;
-use crate::param::Param;
-use crate::rope::Rope;
-use crate::tensor::{
-    Bool, Device, Tensor, bool_tensor, float_tensor, int_tensor, linear, trainable,
+use crate::input::ModelInput;
+use crate::kernels::CausalMasks;
+use crate::layers::{
+    AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
-
-/// A batch as the model takes it; the variant chooses the attention strategy.
-#[derive(Debug, Clone, Copy)]
-pub enum ModelInput<'a> {
-    /// Padding-free with the collator's boundaries (`varlen`).
-    Varlen(&'a PackedBatch),
-    /// Padding-free, boundaries derived in every layer (`varlen-per-layer`).
-    VarlenPerLayer(&'a PackedBatch),
-    /// Padded `[B, L]` with an attention mask (`padded`).
-    Padded(&'a PaddedBatch),
-}
-
-impl ModelInput<'_> {
-    /// `[N]` token ids of the rows the model runs on (`N = T` or `B * L`).
-    pub fn input_ids(&self) -> &[u32] {
-        match self {
-            ModelInput::Varlen(batch) | ModelInput::VarlenPerLayer(batch) => batch.input_ids(),
-            ModelInput::Padded(batch) => batch.input_ids(),
-        }
-    }
-
-    /// `[N]` position of every row inside its sequence.
-    pub fn position_ids(&self) -> &[u32] {
-        match self {
-            ModelInput::Varlen(batch) | ModelInput::VarlenPerLayer(batch) => batch.position_ids(),
-            ModelInput::Padded(batch) => batch.position_ids(),
-        }
-    }
-
-    /// `[N]` the label every row predicts, -100 where none.
-    pub fn targets(&self) -> Vec<i64> {
-        match self {
-            ModelInput::Varlen(batch) | ModelInput::VarlenPerLayer(batch) => {
-                batch.next_token_targets()
-            }
-            ModelInput::Padded(batch) => batch.next_token_targets(),
-        }
-    }
-
-    /// The longest sequence in the batch.
-    pub fn max_seqlen(&self) -> usize {
-        match self {
-            ModelInput::Varlen(batch) | ModelInput::VarlenPerLayer(batch) => {
-                batch.meta().max_seqlen()
-            }
-            ModelInput::Padded(batch) => batch.seq_len(),
-        }
-    }
-}
+use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum};
+use crate::tensor::{
+    Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, int_tensor, linear, trainable,
+};
+use crate::weights::gguf::GgufFile;
+use crate::weights::gguf::llama as gguf_llama;
+use crate::weights::safetensors::{WeightFiles, write_hf_dir};
+use crate::weights::table::{Init, LAYER_TENSORS, Param, ParamSpec, index, param_specs};
 
 /// A Llama-family causal language model (`LlamaForCausalLM`).
 #[derive(Debug, Clone)]
 pub struct LlamaModel {
     config: LlamaConfig,
     device: Device,
-    pub(crate) embed_tokens: Embedding,
-    pub(crate) layers: Vec<DecoderLayer>,
-    pub(crate) norm: RmsNorm,
-    /// `None` when tied to the embedding.
-    pub(crate) lm_head: Option<Param>,
+    /// Every parameter in the order of `weights::table::param_specs`; the
+    /// layers borrow theirs for each forward pass.
+    params: Vec<Param>,
     attention_kernel: AttentionKernel,
 }
 
@@ -82,96 +39,80 @@ impl LlamaModel {
     pub fn init(config: &LlamaConfig, seed: u64, device: &Device) -> Result<Self, ModelError> {
         let mut rng = SplitMix64::new(seed);
         let std = config.initializer_range as f32;
-        Self::build(config, device, |name, shape| {
-            let numel = shape.iter().product();
-            if name.ends_with("norm.weight") {
-                return Ok(vec![1.0; numel]);
-            }
-            Ok((0..numel)
-                .map(|_| std * rng.standard_normal() as f32)
-                .collect())
+        Self::build(config, device, |spec| {
+            Ok(match spec.init {
+                Init::Ones => vec![1.0; spec.numel()],
+                Init::Normal => (0..spec.numel())
+                    .map(|_| std * rng.standard_normal() as f32)
+                    .collect(),
+            })
         })
     }
 
-    /// Builds every parameter, in HF order, from `source(name, hf_shape)`.
-    /// On an autodiff device every parameter is a trainable leaf.
-    pub(crate) fn build(
+    /// Loads a Hugging Face model directory: `config.json` plus
+    /// `model.safetensors` or the shards of `model.safetensors.index.json`.
+    pub fn from_hf_dir(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+        let config = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
+        Self::from_safetensors(&config, dir, device)
+    }
+
+    /// Loads weights for `config` from the safetensors file(s) in `dir`.
+    pub fn from_safetensors(
+        config: &LlamaConfig,
+        dir: &Path,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let files = WeightFiles::read(dir)?;
+        let checkpoint = files.parse()?;
+        Self::build(config, device, |spec| checkpoint.read(spec))
+    }
+
+    /// Loads a Llama-architecture GGUF file, dequantizing every tensor to f32.
+    pub fn from_gguf(path: &Path, device: &Device) -> Result<Self, ModelError> {
+        Self::from_gguf_file(&GgufFile::open(path)?, device)
+    }
+
+    /// Builds the model from an opened GGUF file.
+    pub fn from_gguf_file(file: &GgufFile, device: &Device) -> Result<Self, ModelError> {
+        let config = LlamaConfig::from_gguf(file)?;
+        Self::build(&config, device, |spec| {
+            gguf_llama::read_tensor(file, &config, spec)
+        })
+    }
+
+    /// Writes `config.json` and `model.safetensors` (f32, HF names) into
+    /// `dir`, each through a temporary file renamed into place.
+    pub fn save_hf_dir(&self, dir: &Path) -> Result<(), ModelError> {
+        let tensors = self
+            .params
+            .iter()
+            .map(|p| (p.name(), p.hf_shape(), p.value.clone().into_vec()));
+        write_hf_dir(dir, &self.config.to_hf_json(), tensors)
+    }
+
+    /// Builds every parameter of the table, in its order, from
+    /// `source(spec)`. On an autodiff device every parameter is a trainable
+    /// leaf.
+    fn build(
         config: &LlamaConfig,
         device: &Device,
-        mut source: impl FnMut(&str, &[usize]) -> Result<Vec<f32>, ModelError>,
+        mut source: impl FnMut(&ParamSpec) -> Result<Vec<f32>, ModelError>,
     ) -> Result<Self, ModelError> {
         config.validate()?;
-        let mut param = |name: String, hf_shape: Vec<usize>| -> Result<Param, ModelError> {
-            let values = source(&name, &hf_shape)?;
-            let matrix = match hf_shape.as_slice() {
-                [cols] => [1, *cols],
-                [rows, cols] => [*rows, *cols],
-                _ => {
-                    return Err(ModelError::Batch(format!(
-                        "{name}: parameters are vectors or matrices"
-                    )));
+        let params = param_specs(config)
+            .into_iter()
+            .map(|spec| {
+                let mut value = float_tensor(source(&spec)?, spec.matrix_shape(), device);
+                if device.is_autodiff() {
+                    value = trainable(value);
                 }
-            };
-            let mut value = float_tensor(values, matrix, device);
-            if device.is_autodiff() {
-                value = trainable(value);
-            }
-            Ok(Param::new(name, hf_shape, value))
-        };
-        let c = config.hidden_size;
-        let (h, hkv, d) = (
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        );
-        let embed_tokens = Embedding::new(param(
-            "model.embed_tokens.weight".into(),
-            vec![config.vocab_size, c],
-        )?);
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
-            let p = |suffix: &str| format!("model.layers.{i}.{suffix}");
-            layers.push(DecoderLayer {
-                input_layernorm: RmsNorm::new(
-                    param(p("input_layernorm.weight"), vec![c])?,
-                    config.rms_norm_eps,
-                ),
-                self_attn: Attention {
-                    q_proj: param(p("self_attn.q_proj.weight"), vec![h * d, c])?,
-                    k_proj: param(p("self_attn.k_proj.weight"), vec![hkv * d, c])?,
-                    v_proj: param(p("self_attn.v_proj.weight"), vec![hkv * d, c])?,
-                    o_proj: param(p("self_attn.o_proj.weight"), vec![c, h * d])?,
-                    num_heads: h,
-                    num_kv_heads: hkv,
-                    head_dim: d,
-                },
-                post_attention_layernorm: RmsNorm::new(
-                    param(p("post_attention_layernorm.weight"), vec![c])?,
-                    config.rms_norm_eps,
-                ),
-                mlp: Mlp {
-                    gate_proj: param(p("mlp.gate_proj.weight"), vec![config.intermediate_size, c])?,
-                    up_proj: param(p("mlp.up_proj.weight"), vec![config.intermediate_size, c])?,
-                    down_proj: param(p("mlp.down_proj.weight"), vec![c, config.intermediate_size])?,
-                },
-            });
-        }
-        let norm = RmsNorm::new(
-            param("model.norm.weight".into(), vec![c])?,
-            config.rms_norm_eps,
-        );
-        let lm_head = if config.tie_word_embeddings {
-            None
-        } else {
-            Some(param("lm_head.weight".into(), vec![config.vocab_size, c])?)
-        };
+                Ok(Param::new(spec.hf_name, spec.hf_shape, value))
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
         Ok(Self {
             config: config.clone(),
             device: device.clone(),
-            embed_tokens,
-            layers,
-            norm,
-            lm_head,
+            params,
             attention_kernel: AttentionKernel::default(),
         })
     }
@@ -200,48 +141,27 @@ impl LlamaModel {
 
     /// Every parameter, in HF order.
     pub fn params(&self) -> Vec<&Param> {
-        let mut params = vec![&self.embed_tokens.weight];
-        for layer in &self.layers {
-            let attn = &layer.self_attn;
-            let mlp = &layer.mlp;
-            params.extend([
-                &layer.input_layernorm.weight,
-                &attn.q_proj,
-                &attn.k_proj,
-                &attn.v_proj,
-                &attn.o_proj,
-                &layer.post_attention_layernorm.weight,
-                &mlp.gate_proj,
-                &mlp.up_proj,
-                &mlp.down_proj,
-            ]);
-        }
-        params.push(&self.norm.weight);
-        params.extend(self.lm_head.as_ref());
-        params
+        self.params.iter().collect()
     }
 
     /// Every parameter, mutable, in HF order (for optimizers).
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut params = vec![&mut self.embed_tokens.weight];
-        for layer in &mut self.layers {
-            let attn = &mut layer.self_attn;
-            let mlp = &mut layer.mlp;
-            params.extend([
-                &mut layer.input_layernorm.weight,
-                &mut attn.q_proj,
-                &mut attn.k_proj,
-                &mut attn.v_proj,
-                &mut attn.o_proj,
-                &mut layer.post_attention_layernorm.weight,
-                &mut mlp.gate_proj,
-                &mut mlp.up_proj,
-                &mut mlp.down_proj,
-            ]);
-        }
-        params.push(&mut self.norm.weight);
-        params.extend(self.lm_head.as_mut());
-        params
+        self.params.iter_mut().collect()
+    }
+
+    /// Decoder layer `layer`, borrowing its block of parameters.
+    fn layer(&self, layer: usize) -> Result<DecoderLayer<'_>, ModelError> {
+        let start = index::layer_start(layer);
+        let block: &[Param; LAYER_TENSORS] = self
+            .params
+            .get(start..start + LAYER_TENSORS)
+            .and_then(|block| block.try_into().ok())
+            .ok_or_else(|| ModelError::Config {
+                field: "num_hidden_layers",
+                message: format!("layer {layer} has no full block of parameters"),
+                hint: "this is a bug in padfree; please report it",
+            })?;
+        Ok(DecoderLayer::new(block, &self.config))
     }
 
     /// Logits of every row of the batch, `[N, V]` with `N = T` (flattened) or
@@ -270,14 +190,20 @@ impl LlamaModel {
 
     /// The LM head: its own matrix, or the embedding when tied.
     fn head(&self) -> &Param {
-        self.lm_head.as_ref().unwrap_or(&self.embed_tokens.weight)
+        let layers = self.config.num_hidden_layers;
+        let index = if self.config.tie_word_embeddings {
+            index::EMBEDDING
+        } else {
+            index::lm_head(layers)
+        };
+        &self.params[index]
     }
 
     /// The final-norm output of every row, `[N, C]`.
     pub fn hidden_states(&self, input: &ModelInput<'_>) -> Result<Tensor<2>, ModelError> {
         self.check_input(input)?;
         let rope = Rope::new(
-            input.position_ids(),
+            input.rows().position_ids(),
             self.config.head_dim,
             self.config.rope_theta,
             &self.device,
@@ -306,7 +232,10 @@ impl LlamaModel {
                     AttentionKernel::Fused => {
                         padded_rows =
                             BatchMeta::from_lengths(vec![batch.seq_len(); batch.batch_size()])
-                                .map_err(|err| ModelError::Batch(format!("padded rows: {err}")))?;
+                                .map_err(|source| ModelError::Pack {
+                                    what: "padded rows",
+                                    source,
+                                })?;
                         PaddedAttention::Fused { rows: &padded_rows }
                     }
                     AttentionKernel::Composed => PaddedAttention::Composed {
@@ -320,13 +249,17 @@ impl LlamaModel {
                 }
             }
         };
-        let mut x = self
-            .embed_tokens
+        let mut x = Embedding::new(&self.params[index::EMBEDDING])
             .forward(int_tensor(input.input_ids(), &self.device));
-        for layer in &self.layers {
-            x = layer.forward(x, &rope, &layout)?;
+        for layer in 0..self.config.num_hidden_layers {
+            x = self.layer(layer)?.forward(x, &rope, &layout)?;
         }
-        self.norm.forward(x)
+        let layers = self.config.num_hidden_layers;
+        RmsNorm::new(
+            &self.params[index::final_norm(layers)],
+            self.config.rms_norm_eps,
+        )
+        .forward(x)
     }
 
     fn check_input(&self, input: &ModelInput<'_>) -> Result<(), ModelError> {
@@ -343,13 +276,11 @@ impl LlamaModel {
                 vocab_size,
             });
         }
+        let len = input.rows().max_seqlen();
         if let Some(window) = self.config.sliding_window
-            && input.max_seqlen() > window
+            && len > window
         {
-            return Err(ModelError::Batch(format!(
-                "a sequence of {} tokens is longer than the model's sliding_window of {window}\nHINT: truncate examples to {window} tokens (--max-seq-len); sliding-window attention is not implemented",
-                input.max_seqlen()
-            )));
+            return Err(ModelError::SequenceTooLong { len, window });
         }
         Ok(())
     }

@@ -18,9 +18,10 @@
 mod common;
 
 use common::{assert_close, examples, host, loss_and_grads, param_grads, trainable_model};
+use padfree_model::kernels::{rms_norm, swiglu};
 use padfree_model::tensor::{
     IntoHostVec, Tensor, backward, cpu_device, cpu_device_with_checkpointing, float_tensor, grad,
-    rms_norm, silu, swiglu, trainable,
+    silu, trainable,
 };
 use padfree_model::{AttentionKernel, LlamaConfig, LlamaModel, ModelInput};
 use padfree_pack::{Example, flatten, pad};

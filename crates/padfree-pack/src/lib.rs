@@ -8,6 +8,7 @@
 //!   row with `position_ids` restarting at 0, ignores the first label of every
 //!   example, and computes the boundary metadata ([`BatchMeta`]) **once**.
 //! * [`pad`]: the padded baseline, `[B, L]` with an attention mask.
+//! * [`TokenRows`]: what both layouts hand a model (ids, positions, targets).
 //! * [`BatchMeta::derive_from_position_ids`]: what an attention layer does when
 //!   it is not handed the metadata; kept so the benchmark can show its cost.
 //! * [`pack_into_bins`], [`distribute`], [`plan_epoch`]: multipack-style bin
@@ -51,6 +52,7 @@ pub mod oracle;
 mod pad;
 mod plan;
 mod rng;
+mod rows;
 mod synthetic;
 
 pub use binpack::{Bin, BinPacking, Packing, pack_into_bins};
@@ -63,4 +65,5 @@ pub use meta::BatchMeta;
 pub use pad::{PaddedBatch, pad};
 pub use plan::{EpochPlan, PackingConfig, PackingReport, plan_epoch};
 pub use rng::SplitMix64;
+pub use rows::TokenRows;
 pub use synthetic::{synthetic_examples, synthetic_lengths, synthetic_prompted_examples};

@@ -1,4 +1,5 @@
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::error::PackError;
 
@@ -16,8 +17,10 @@ pub const MAX_BATCH_TOKENS: usize = i32::MAX as usize;
 /// the longest difference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchMeta {
-    /// `[B + 1]`: cumulative example lengths, `0 .. T`.
-    cu_seqlens: Vec<u32>,
+    /// `[B + 1]`: cumulative example lengths, `0 .. T`. Shared, not copied:
+    /// a kernel that keeps the offsets for its backward pass holds another
+    /// reference to these very values, in this one integer type.
+    cu_seqlens: Arc<[u32]>,
     /// Longest example, `L`.
     max_seqlen: usize,
 }
@@ -51,7 +54,7 @@ impl BatchMeta {
             return Err(PackError::EmptyBatch);
         }
         Ok(Self {
-            cu_seqlens,
+            cu_seqlens: cu_seqlens.into(),
             max_seqlen,
         })
     }
@@ -103,7 +106,7 @@ impl BatchMeta {
         max_seqlen = max_seqlen.max(position_ids.len() - start);
         cu_seqlens.push(to_u32(position_ids.len()));
         Ok(Self {
-            cu_seqlens,
+            cu_seqlens: cu_seqlens.into(),
             max_seqlen,
         })
     }
@@ -111,6 +114,13 @@ impl BatchMeta {
     /// `[B + 1]`: `cu_seqlens[i] .. cu_seqlens[i + 1]` are the tokens of example `i`.
     pub fn cu_seqlens(&self) -> &[u32] {
         &self.cu_seqlens
+    }
+
+    /// The same offsets as [`Self::cu_seqlens`], as a shared handle (a
+    /// reference count, no copy) for a kernel that keeps them until its
+    /// backward pass.
+    pub fn cu_seqlens_shared(&self) -> Arc<[u32]> {
+        Arc::clone(&self.cu_seqlens)
     }
 
     /// Length of the longest example, `L`.

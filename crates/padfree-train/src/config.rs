@@ -15,6 +15,9 @@ pub enum AttentionMode {
 }
 
 impl AttentionMode {
+    /// Every mode, in the order `padfree bench` runs them.
+    pub const ALL: [AttentionMode; 3] = [Self::Padded, Self::VarlenPerLayer, Self::Varlen];
+
     /// The name used by `--attention`.
     pub fn name(self) -> &'static str {
         match self {
@@ -22,6 +25,24 @@ impl AttentionMode {
             Self::VarlenPerLayer => "varlen-per-layer",
             Self::Padded => "padded",
         }
+    }
+}
+
+impl std::str::FromStr for AttentionMode {
+    type Err = String;
+
+    /// The mode named by [`AttentionMode::name`].
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|mode| mode.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|m| m.name()).collect();
+                format!(
+                    "unknown attention mode `{name}`; one of {}",
+                    names.join(", ")
+                )
+            })
     }
 }
 

@@ -8,16 +8,26 @@
 //! - [`Trainer`]: forward/backward per micro-batch with the loss summed and
 //!   divided by the label tokens of the whole accumulation window, global-norm
 //!   clipping, [`AdamW`], the [`LrSchedule`], logging, checkpoints.
+//! - [`TrainerState`]: where a run stands, as data (`state.rs`); the trainer
+//!   exposes it and takes it back, and checks a saved one continues it.
 //! - [`checkpoint`]: HF-loadable model files plus optimizer and trainer state,
-//!   written to a temporary directory and renamed into place.
+//!   written to a temporary directory and renamed into place; handed a
+//!   [`checkpoint::Snapshot`], it never imports the trainer.
+//! - [`outputs`]: the run's own files (`metrics.jsonl`, results, loss plot)
+//!   and the output-directory check.
+//!
+//! Modules depend one way: `trainer` -> `checkpoint`, `outputs` -> `state`,
+//! `optim`, `metrics`; nothing imports `trainer`.
 
 pub mod checkpoint;
 mod config;
 mod error;
 mod metrics;
 mod optim;
+pub mod outputs;
 mod plan;
 mod schedule;
+mod state;
 mod trainer;
 
 pub use config::{AttentionMode, Batching, SaveStrategy, SchedulerKind, TrainConfig, Warmup};
@@ -26,4 +36,5 @@ pub use metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 pub use optim::AdamW;
 pub use plan::{PlannedStep, TrainPlan};
 pub use schedule::LrSchedule;
+pub use state::{STATE_FORMAT, TrainerState};
 pub use trainer::{Observer, Trainer};

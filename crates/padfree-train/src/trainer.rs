@@ -7,13 +7,15 @@ use padfree_model::tensor::{IntoHostVec, backward, float_tensor, grad, trainable
 use padfree_model::{LlamaModel, ModelInput};
 use padfree_pack::{Example, flatten, pad};
 
-use crate::checkpoint::{self, TrainerState};
+use crate::checkpoint::{self, Snapshot};
 use crate::config::{AttentionMode, SaveStrategy, TrainConfig, Warmup};
 use crate::error::TrainError;
 use crate::metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 use crate::optim::AdamW;
+use crate::outputs;
 use crate::plan::TrainPlan;
 use crate::schedule::LrSchedule;
+use crate::state::{STATE_FORMAT, TrainerState};
 
 /// Hooks for what the user sees; every method has a do-nothing default.
 pub trait Observer {
@@ -35,20 +37,20 @@ impl Observer for () {}
 /// A model being fine-tuned on a fixed plan of batches.
 #[derive(Debug)]
 pub struct Trainer {
-    pub(crate) model: LlamaModel,
-    pub(crate) optimizer: AdamW,
-    pub(crate) schedule: LrSchedule,
-    pub(crate) plan: TrainPlan,
-    pub(crate) config: TrainConfig,
-    pub(crate) examples: Vec<Example>,
-    pub(crate) data_fingerprint: u64,
-    pub(crate) output_dir: PathBuf,
-    pub(crate) artifacts: Vec<(String, Vec<u8>)>,
-    pub(crate) global_step: usize,
-    pub(crate) log_history: Vec<LogRecord>,
-    pub(crate) step_losses: Vec<f64>,
-    pub(crate) real_tokens_seen: usize,
-    pub(crate) last_checkpoint: Option<PathBuf>,
+    model: LlamaModel,
+    optimizer: AdamW,
+    schedule: LrSchedule,
+    plan: TrainPlan,
+    config: TrainConfig,
+    examples: Vec<Example>,
+    data_fingerprint: u64,
+    output_dir: PathBuf,
+    artifacts: Vec<(String, Vec<u8>)>,
+    global_step: usize,
+    log_history: Vec<LogRecord>,
+    step_losses: Vec<f64>,
+    real_tokens_seen: usize,
+    last_checkpoint: Option<PathBuf>,
 }
 
 impl Trainer {
@@ -123,7 +125,14 @@ impl Trainer {
         artifacts: Vec<(String, Vec<u8>)>,
     ) -> Result<Self, TrainError> {
         let mut trainer = Self::new(model, examples, config, output_dir, artifacts)?;
-        checkpoint::restore(&mut trainer, checkpoint_dir)?;
+        let saved = checkpoint::read_state(checkpoint_dir)?;
+        saved.check_continues(
+            &trainer.state(),
+            &checkpoint_dir.join(checkpoint::STATE_FILE),
+        )?;
+        checkpoint::read_optimizer(checkpoint_dir, &saved, &mut trainer.optimizer)?;
+        trainer.apply_state(saved);
+        trainer.last_checkpoint = Some(checkpoint_dir.to_owned());
         Ok(trainer)
     }
 
@@ -170,7 +179,7 @@ impl Trainer {
     /// Runs the remaining steps, logging, checkpointing, and writing the
     /// final model and reports into the output directory.
     pub fn train(&mut self, observer: &mut dyn Observer) -> Result<TrainSummary, TrainError> {
-        checkpoint::rewrite_metrics(self)?;
+        outputs::rewrite_metrics(&self.output_dir, &self.log_history)?;
         let started = Instant::now();
         let first_step = self.global_step;
         let (mut samples, mut real, mut fed) = (0usize, 0usize, 0usize);
@@ -192,7 +201,7 @@ impl Trainer {
                 let since = self.log_history.last().map_or(0, |r| r.step);
                 let record =
                     interval.record(&metrics, &self.step_losses[since..], self.real_tokens_seen);
-                checkpoint::append_metrics(self, &record)?;
+                outputs::append_metrics(&self.output_dir, &record)?;
                 observer.on_log(&record);
                 self.log_history.push(record);
                 interval = Interval::default();
@@ -224,7 +233,8 @@ impl Trainer {
             interrupted,
         };
         if !interrupted {
-            checkpoint::save_final(self, &summary)?;
+            checkpoint::write_model_files(&self.model, &self.artifacts, &self.output_dir)?;
+            outputs::write_final_reports(&self.output_dir, &self.state(), &summary)?;
         }
         Ok(summary)
     }
@@ -239,7 +249,14 @@ impl Trainer {
 
     /// Writes `checkpoint-{global_step}` now.
     pub fn save_checkpoint(&mut self) -> Result<PathBuf, TrainError> {
-        let dir = checkpoint::write_checkpoint(self)?;
+        let state = self.state();
+        let snapshot = Snapshot {
+            state: &state,
+            model: &self.model,
+            optimizer: &self.optimizer,
+            artifacts: &self.artifacts,
+        };
+        let dir = checkpoint::write(&self.output_dir, snapshot)?;
         self.last_checkpoint = Some(dir.clone());
         Ok(dir)
     }
@@ -450,9 +467,11 @@ fn fingerprint(examples: &[Example]) -> u64 {
 }
 
 impl Trainer {
-    pub(crate) fn state(&self) -> TrainerState {
+    /// Everything that says where the run stands, as data: what a checkpoint
+    /// saves beside the weights and the optimizer's moments.
+    pub fn state(&self) -> TrainerState {
         TrainerState {
-            format: checkpoint::STATE_FORMAT.to_owned(),
+            format: STATE_FORMAT.to_owned(),
             global_step: self.global_step,
             epoch: self
                 .global_step
@@ -467,5 +486,14 @@ impl Trainer {
             step_losses: self.step_losses.clone(),
             log_history: self.log_history.clone(),
         }
+    }
+
+    /// Continues from a saved state (already checked with
+    /// [`TrainerState::check_continues`] against this trainer's own).
+    fn apply_state(&mut self, state: TrainerState) {
+        self.global_step = state.global_step;
+        self.real_tokens_seen = state.real_tokens_seen;
+        self.step_losses = state.step_losses;
+        self.log_history = state.log_history;
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use padfree_model::tensor::{IntoHostVec, cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
 use padfree_pack::{Example, SplitMix64, flatten};
-use padfree_train::checkpoint::{self, prepare_output_dir};
+use padfree_train::outputs::{self, prepare_output_dir};
 use padfree_train::{
     AttentionMode, Batching, Observer, SaveStrategy, TrainConfig, TrainError, Trainer, Warmup,
 };
@@ -250,7 +250,7 @@ fn resume_after_an_interruption_is_bit_exact() {
     );
     // metrics.jsonl of the resumed run equals the uninterrupted one's.
     let metrics =
-        |dir: &Path| std::fs::read_to_string(dir.join(checkpoint::METRICS_FILE)).expect("metrics");
+        |dir: &Path| std::fs::read_to_string(dir.join(outputs::METRICS_FILE)).expect("metrics");
     let strip_speed = |text: String| -> Vec<String> {
         text.lines()
             .map(|l| {

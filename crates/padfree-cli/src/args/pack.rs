@@ -1,35 +1,13 @@
+//! `padfree pack` flags, parsed by clap and validated once into a
+//! [`PackJob`].
+
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::ValueEnum;
 use padfree_pack::{Balance, BinPacking};
 
-use crate::lengths::{LengthSource, read_lengths_file};
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "padfree",
-    version,
-    about = "Padding-free fine-tuning of decoder language models"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Show the padding-free collator and multipack packing on a dataset's
-    /// example lengths (an embedded synthetic dataset unless --lengths is given).
-    Pack(PackArgs),
-    /// Fine-tune a model (padding-free by default). With no arguments: a
-    /// short demo run of the `small` preset on the shipped maths dataset.
-    Train(Box<crate::train_args::TrainArgs>),
-    /// Train the same model on the same data in each attention mode (padded,
-    /// padding-free with per-layer metadata, padding-free with the collator's)
-    /// and report the table: runtime, real/fed tokens/s, memory, loss.
-    Bench(Box<crate::bench::BenchArgs>),
-}
+use super::lengths::{LengthSource, read_lengths_file};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AlgorithmArg {
@@ -82,7 +60,7 @@ pub struct PackArgs {
 
 /// A validated `padfree pack` invocation.
 #[derive(Debug, Clone)]
-pub struct PackConfig {
+pub struct PackJob {
     pub lengths: Vec<usize>,
     pub source: LengthSource,
     pub per_device_train_batch_size: usize,
@@ -94,7 +72,7 @@ pub struct PackConfig {
 }
 
 impl PackArgs {
-    pub fn validate(self) -> anyhow::Result<PackConfig> {
+    pub fn validate(self) -> anyhow::Result<PackJob> {
         if self.per_device_train_batch_size == 0 {
             bail!("--per-device-train-batch-size is 0\nHINT: give at least 1 example per batch");
         }
@@ -135,7 +113,7 @@ impl PackArgs {
                 )
             }
         };
-        Ok(PackConfig {
+        Ok(PackJob {
             lengths,
             source,
             per_device_train_batch_size: self.per_device_train_batch_size,

@@ -9,13 +9,6 @@ use padfree_data::{FieldNames, Overlong};
 use padfree_train::{AttentionMode, Batching, SaveStrategy, SchedulerKind, TrainConfig, Warmup};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum AttentionArg {
-    Varlen,
-    VarlenPerLayer,
-    Padded,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SchedulerArg {
     Linear,
     Cosine,
@@ -95,8 +88,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub padding_free: bool,
     /// Attention strategy (default: varlen when padding-free, else padded).
-    #[arg(long, value_enum)]
-    pub attention: Option<AttentionArg>,
+    #[arg(long, value_parser = attention_mode())]
+    pub attention: Option<AttentionMode>,
     /// Recompute memory-bound activations in the backward pass instead of
     /// keeping them (burn's balanced gradient checkpointing).
     #[arg(long)]
@@ -158,14 +151,12 @@ pub enum ModelSource {
     Init(String),
 }
 
-impl From<AttentionArg> for AttentionMode {
-    fn from(arg: AttentionArg) -> Self {
-        match arg {
-            AttentionArg::Varlen => AttentionMode::Varlen,
-            AttentionArg::VarlenPerLayer => AttentionMode::VarlenPerLayer,
-            AttentionArg::Padded => AttentionMode::Padded,
-        }
-    }
+/// `--attention`: the trainer's own [`AttentionMode`], by its name (no
+/// mirror enum to keep in step).
+pub fn attention_mode() -> impl clap::builder::TypedValueParser<Value = AttentionMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(AttentionMode::ALL.map(AttentionMode::name))
+        .try_map(|name| name.parse::<AttentionMode>())
 }
 
 /// Whether a model or tokenizer path names a GGUF file.
@@ -217,8 +208,8 @@ impl TrainArgs {
         };
         let attention = match (self.padding_free, self.attention) {
             (true, None) => AttentionMode::Varlen,
-            (true, Some(arg)) => arg.into(),
-            (false, None | Some(AttentionArg::Padded)) => AttentionMode::Padded,
+            (true, Some(mode)) => mode,
+            (false, None | Some(AttentionMode::Padded)) => AttentionMode::Padded,
             (false, Some(_)) => {
                 bail!(
                     "--padding-free false trains on padded batches; --attention varlen needs a flattened batch\nHINT: drop one of the two flags"
@@ -278,7 +269,9 @@ impl TrainArgs {
             model,
             tokenizer: self.tokenizer,
             data: self.data,
-            output_dir: self.output_dir.unwrap_or_else(default_output_dir),
+            output_dir: self
+                .output_dir
+                .unwrap_or_else(|| crate::clock::run_dir("train")),
             overwrite_output_dir: self.overwrite_output_dir,
             resume_from_checkpoint: self.resume_from_checkpoint,
             fields: FieldNames {
@@ -296,54 +289,5 @@ impl TrainArgs {
             gradient_checkpointing: self.gradient_checkpointing,
             train,
         })
-    }
-}
-
-/// `runs/train-YYYYMMDD-HHMMSS` (UTC): a new directory for every run.
-pub fn default_output_dir() -> PathBuf {
-    let (year, month, day, hour, minute, second) = utc_now();
-    PathBuf::from(format!(
-        "runs/train-{year:04}{month:02}{day:02}-{hour:02}{minute:02}{second:02}"
-    ))
-}
-
-/// `YYYY-MM-DD HH:MM:SS UTC`, for reports.
-pub fn utc_timestamp() -> String {
-    let (year, month, day, hour, minute, second) = utc_now();
-    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02} UTC")
-}
-
-fn utc_now() -> (i64, u32, u32, u64, u64, u64) {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    let (year, month, day) = civil_from_days(days as i64);
-    (year, month, day, rest / 3600, rest % 3600 / 60, rest % 60)
-}
-
-/// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
     }
 }

@@ -1,5 +1,8 @@
 //! Hugging Face weights: `model.safetensors`, or shards listed in
 //! `model.safetensors.index.json`, with HF tensor names.
+//!
+//! Read and written by the parameter table (`table.rs`); the model hands
+//! over its parameters and never lets this file see the model type.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -7,17 +10,40 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
-use crate::config::LlamaConfig;
+use super::table::ParamSpec;
 use crate::error::ModelError;
-use crate::model::LlamaModel;
-use crate::tensor::{Device, IntoHostVec};
 
 const SINGLE_FILE: &str = "model.safetensors";
 const INDEX_FILE: &str = "model.safetensors.index.json";
 
+/// The bytes of every weight file of a checkpoint directory.
+pub(crate) struct WeightFiles {
+    files: Vec<(PathBuf, Vec<u8>)>,
+}
+
+impl WeightFiles {
+    /// Reads `model.safetensors`, or every shard of the index, in `dir`.
+    pub(crate) fn read(dir: &Path) -> Result<Self, ModelError> {
+        let files = weight_files(dir)?
+            .into_iter()
+            .map(|path| {
+                std::fs::read(&path)
+                    .map(|bytes| (path.clone(), bytes))
+                    .map_err(|err| ModelError::io(&path, err))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { files })
+    }
+
+    /// Parses every file's header once.
+    pub(crate) fn parse(&self) -> Result<Checkpoint<'_>, ModelError> {
+        Checkpoint::parse(&self.files)
+    }
+}
+
 /// Every weight file of a checkpoint, parsed once, and which file holds which
 /// tensor.
-struct Checkpoint<'a> {
+pub(crate) struct Checkpoint<'a> {
     files: Vec<(&'a Path, SafeTensors<'a>)>,
     /// Tensor name -> index into `files`.
     location: HashMap<String, usize>,
@@ -51,8 +77,9 @@ impl<'a> Checkpoint<'a> {
         })
     }
 
-    /// The tensor `name` as f32, checked against `shape`.
-    fn read(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+    /// The tensor of `spec` as f32, checked against its shape.
+    pub(crate) fn read(&self, spec: &ParamSpec) -> Result<Vec<f32>, ModelError> {
+        let (name, shape) = (spec.hf_name.as_str(), spec.hf_shape.as_slice());
         let mismatch = |path: &Path, message: String, hint: &'static str| ModelError::Weights {
             path: path.to_owned(),
             tensor: name.to_owned(),
@@ -136,76 +163,47 @@ fn to_f32(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
     }
 }
 
-impl LlamaModel {
-    /// Loads a Hugging Face model directory: `config.json` plus
-    /// `model.safetensors` or the shards of `model.safetensors.index.json`.
-    pub fn from_hf_dir(dir: &Path, device: &Device) -> Result<Self, ModelError> {
-        let config = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
-        Self::from_safetensors(&config, dir, device)
-    }
+/// Writes `config.json` and `model.safetensors` (f32) into `dir`, each to a
+/// temporary file first and renamed into place, so an interrupted save never
+/// leaves a half-written file under the final name.
+///
+/// `tensors`: HF name, HF shape and values of every parameter, in table order.
+pub(crate) fn write_hf_dir<'a>(
+    dir: &Path,
+    config_json: &serde_json::Value,
+    tensors: impl Iterator<Item = (&'a str, &'a [usize], Vec<f32>)>,
+) -> Result<(), ModelError> {
+    std::fs::create_dir_all(dir).map_err(|err| ModelError::io(dir, err))?;
+    let config = serde_json::to_vec_pretty(config_json).unwrap_or_default();
+    write_atomically(&dir.join("config.json"), &config)?;
 
-    /// Loads weights for `config` from the safetensors file(s) in `dir`.
-    pub fn from_safetensors(
-        config: &LlamaConfig,
-        dir: &Path,
-        device: &Device,
-    ) -> Result<Self, ModelError> {
-        let files = weight_files(dir)?
-            .into_iter()
-            .map(|path| {
-                std::fs::read(&path)
-                    .map(|bytes| (path.clone(), bytes))
-                    .map_err(|err| ModelError::io(&path, err))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let checkpoint = Checkpoint::parse(&files)?;
-        Self::build(config, device, |name, shape| checkpoint.read(name, shape))
-    }
-
-    /// Writes `config.json` and `model.safetensors` (f32) into `dir`, each to
-    /// a temporary file first and renamed into place, so an interrupted save
-    /// never leaves a half-written file under the final name.
-    pub fn save_hf_dir(&self, dir: &Path) -> Result<(), ModelError> {
-        std::fs::create_dir_all(dir).map_err(|err| ModelError::io(dir, err))?;
-        let config = serde_json::to_vec_pretty(&self.config().to_hf_json()).unwrap_or_default();
-        write_atomically(&dir.join("config.json"), &config)?;
-
-        let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = self
-            .params()
-            .into_iter()
-            .map(|p| {
-                let bytes = p
-                    .value
-                    .clone()
-                    .into_vec()
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect();
-                (p.name().to_owned(), p.hf_shape().to_vec(), bytes)
-            })
-            .collect();
-        let views: BTreeMap<&str, TensorView<'_>> = tensors
-            .iter()
-            .map(|(name, shape, bytes)| {
-                let view = TensorView::new(Dtype::F32, shape.clone(), bytes).map_err(|err| {
-                    ModelError::Format {
-                        path: dir.join(SINGLE_FILE),
-                        message: format!("tensor `{name}`: {err}"),
-                        hint: "this is a bug in padfree; please report it",
-                    }
-                })?;
-                Ok((name.as_str(), view))
-            })
-            .collect::<Result<_, ModelError>>()?;
-        let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
-        let bytes =
-            safetensors::serialize(views, Some(metadata)).map_err(|err| ModelError::Format {
-                path: dir.join(SINGLE_FILE),
-                message: err.to_string(),
-                hint: "this is a bug in padfree; please report it",
+    let tensors: Vec<(&str, &[usize], Vec<u8>)> = tensors
+        .map(|(name, shape, values)| {
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (name, shape, bytes)
+        })
+        .collect();
+    let views: BTreeMap<&str, TensorView<'_>> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            let view = TensorView::new(Dtype::F32, shape.to_vec(), bytes).map_err(|err| {
+                ModelError::Format {
+                    path: dir.join(SINGLE_FILE),
+                    message: format!("tensor `{name}`: {err}"),
+                    hint: "this is a bug in padfree; please report it",
+                }
             })?;
-        write_atomically(&dir.join(SINGLE_FILE), &bytes)
-    }
+            Ok((*name, view))
+        })
+        .collect::<Result<_, ModelError>>()?;
+    let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
+    let bytes =
+        safetensors::serialize(views, Some(metadata)).map_err(|err| ModelError::Format {
+            path: dir.join(SINGLE_FILE),
+            message: err.to_string(),
+            hint: "this is a bug in padfree; please report it",
+        })?;
+    write_atomically(&dir.join(SINGLE_FILE), &bytes)
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory.

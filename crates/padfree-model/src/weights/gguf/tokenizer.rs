@@ -4,8 +4,8 @@
 use serde_json::{Value, json};
 use tokenizers::Tokenizer;
 
+use super::file::{GgufFile, GgufValue};
 use crate::error::ModelError;
-use crate::gguf::{GgufFile, GgufValue};
 
 /// llama.cpp's token type for control tokens (`<|im_start|>`, `<|endoftext|>`, ...).
 const TOKEN_TYPE_CONTROL: i64 = 3;

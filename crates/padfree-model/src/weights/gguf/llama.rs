@@ -1,12 +1,11 @@
-//! A Llama-architecture GGUF file as a [`LlamaModel`] and its config.
+//! A Llama-architecture GGUF file: its config from the metadata, and each
+//! tensor of the parameter table by llama.cpp's name, dequantised to f32 and
+//! with llama.cpp's query/key row permutation undone.
 
-use std::path::Path;
-
+use super::file::{GgufFile, GgufValue};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
-use crate::gguf::{GgufFile, GgufValue};
-use crate::model::LlamaModel;
-use crate::tensor::Device;
+use crate::weights::table::{ParamSpec, RopeRows};
 
 impl LlamaConfig {
     /// The architecture described by a GGUF file's metadata.
@@ -101,33 +100,6 @@ fn gguf_config_error(file: &GgufFile, field: &'static str, message: String) -> M
     }
 }
 
-/// llama.cpp's name for an HF tensor name.
-fn gguf_name(hf_name: &str) -> String {
-    match hf_name {
-        "model.embed_tokens.weight" => return "token_embd.weight".to_owned(),
-        "model.norm.weight" => return "output_norm.weight".to_owned(),
-        "lm_head.weight" => return "output.weight".to_owned(),
-        _ => {}
-    }
-    let Some(rest) = hf_name.strip_prefix("model.layers.") else {
-        return hf_name.to_owned();
-    };
-    let (layer, suffix) = rest.split_once('.').unwrap_or((rest, ""));
-    let part = match suffix {
-        "input_layernorm.weight" => "attn_norm",
-        "self_attn.q_proj.weight" => "attn_q",
-        "self_attn.k_proj.weight" => "attn_k",
-        "self_attn.v_proj.weight" => "attn_v",
-        "self_attn.o_proj.weight" => "attn_output",
-        "post_attention_layernorm.weight" => "ffn_norm",
-        "mlp.gate_proj.weight" => "ffn_gate",
-        "mlp.up_proj.weight" => "ffn_up",
-        "mlp.down_proj.weight" => "ffn_down",
-        other => other,
-    };
-    format!("blk.{layer}.{part}.weight")
-}
-
 /// Undoes llama.cpp's conversion permutation of query/key rows.
 ///
 /// llama.cpp interleaves the two rotary halves of every head (its rope rotates
@@ -154,50 +126,55 @@ fn unpermute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-impl LlamaModel {
-    /// Loads a Llama-architecture GGUF file, dequantizing every tensor to f32.
-    pub fn from_gguf(path: &Path, device: &Device) -> Result<Self, ModelError> {
-        Self::from_gguf_file(&GgufFile::open(path)?, device)
+/// The tensor of `spec` in `file`, as HF holds it (f32, HF row order).
+pub(crate) fn read_tensor(
+    file: &GgufFile,
+    config: &LlamaConfig,
+    spec: &ParamSpec,
+) -> Result<Vec<f32>, ModelError> {
+    let name = &spec.gguf_name;
+    let hf_shape = spec.hf_shape.as_slice();
+    let info = file.tensors.get(name).ok_or_else(|| ModelError::Weights {
+        path: file.path().to_owned(),
+        tensor: name.clone(),
+        message: format!("is missing (needed for {})", spec.hf_name),
+        hint: "the GGUF file is not a complete Llama-architecture model",
+    })?;
+    if info.shape() != hf_shape {
+        return Err(ModelError::Weights {
+            path: file.path().to_owned(),
+            tensor: name.clone(),
+            message: format!(
+                "has shape {:?}, the metadata implies {hf_shape:?}",
+                info.shape()
+            ),
+            hint: "the GGUF metadata and tensors disagree; convert the model again",
+        });
     }
-
-    /// Builds the model from an opened GGUF file.
-    pub fn from_gguf_file(file: &GgufFile, device: &Device) -> Result<Self, ModelError> {
-        let config = LlamaConfig::from_gguf(file)?;
-        Self::build(&config, device, |hf_name, hf_shape| {
-            let name = gguf_name(hf_name);
-            let info = file.tensors.get(&name).ok_or_else(|| ModelError::Weights {
-                path: file.path().to_owned(),
-                tensor: name.clone(),
-                message: format!("is missing (needed for {hf_name})"),
-                hint: "the GGUF file is not a complete Llama-architecture model",
-            })?;
-            if info.shape() != hf_shape {
-                return Err(ModelError::Weights {
-                    path: file.path().to_owned(),
-                    tensor: name.clone(),
-                    message: format!(
-                        "has shape {:?}, the metadata implies {hf_shape:?}",
-                        info.shape()
-                    ),
-                    hint: "the GGUF metadata and tensors disagree; convert the model again",
-                });
-            }
-            let values = file.dequantize(&name)?;
-            let cols = hf_shape.last().copied().unwrap_or(1);
-            Ok(if hf_name.ends_with("q_proj.weight") {
-                unpermute_rows(&values, config.num_attention_heads, cols)
-            } else if hf_name.ends_with("k_proj.weight") {
-                unpermute_rows(&values, config.num_key_value_heads, cols)
-            } else {
-                values
-            })
-        })
-    }
+    let values = file.dequantize(name)?;
+    let cols = hf_shape.last().copied().unwrap_or(1);
+    Ok(match spec.rope_rows {
+        RopeRows::QueryHeads => unpermute_rows(&values, config.num_attention_heads, cols),
+        RopeRows::KvHeads => unpermute_rows(&values, config.num_key_value_heads, cols),
+        RopeRows::No => values,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// llama.cpp's name for an HF name, from the parameter table.
+    fn gguf_name(hf_name: &str) -> String {
+        let mut config = LlamaConfig::tiny();
+        config.num_hidden_layers = 13;
+        config.tie_word_embeddings = false;
+        crate::weights::table::param_specs(&config)
+            .into_iter()
+            .find(|spec| spec.hf_name == hf_name)
+            .map(|spec| spec.gguf_name)
+            .unwrap_or_default()
+    }
 
     #[test]
     fn names_follow_llama_cpp() {

@@ -8,11 +8,73 @@
 //! buffer; with `V` in the thousands they dominate the head's cost. Rows are
 //! independent and split over rayon's threads.
 //!
+//! This file holds the differentiable burn op ([`cross_entropy_sum`]), the
+//! host kernel, and the composed oracle ([`composed_cross_entropy_sum`]).
+//!
 //! # Shapes
 //! `K` labelled rows, `V` vocabulary. `logits`, `d_logits`: `[K, V]`;
 //! `targets`, `lse`: `[K]`.
 
+use std::sync::Arc;
+
+use crate::tensor::{Int, Tensor, gather_columns};
+
+use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use rayon::prelude::*;
+
+// ---- the differentiable burn op ----
+
+/// `[1]`: the summed `-log softmax(logits)[target]` over the rows of
+/// `logits` (`[K, V]`), `targets[k] < V`.
+pub fn cross_entropy_sum(
+    logits: Tensor<2>,
+    targets: &[usize],
+) -> Result<Tensor<1>, UnsupportedTensor> {
+    let op = CrossEntropy {
+        targets: Arc::new(targets.to_vec()),
+    };
+    apply(op, [logits])
+}
+
+#[derive(Debug, Clone)]
+struct CrossEntropy {
+    targets: Arc<Vec<usize>>,
+}
+
+fn vocab(logits: &HostTensor<'_>) -> usize {
+    logits.shape.last().copied().unwrap_or(0)
+}
+
+impl HostOp<1> for CrossEntropy {
+    /// Saves one log-sum-exp per row.
+    fn forward(&self, [logits]: [HostTensor<'_>; 1]) -> HostOutput {
+        let (loss, lse) = forward(logits.values, &self.targets, vocab(&logits));
+        HostOutput {
+            values: vec![loss as f32],
+            shape: vec![1],
+            saved: lse,
+        }
+    }
+
+    fn backward(
+        &self,
+        [logits]: [HostTensor<'_>; 1],
+        _output: &[f32],
+        lse: &[f32],
+        d_out: &[f32],
+    ) -> [Vec<f32>; 1] {
+        let d_loss = d_out.first().copied().unwrap_or(0.0);
+        [backward(
+            logits.values,
+            &self.targets,
+            lse,
+            vocab(&logits),
+            d_loss,
+        )]
+    }
+}
+
+// ---- the host kernel ----
 
 /// Rows per rayon task: enough work to amortise scheduling.
 const ROWS_PER_TASK: usize = 16;
@@ -72,6 +134,20 @@ fn log_sum_exp(row: &[f32]) -> f32 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f32 = row.iter().map(|&x| (x - max).exp()).sum();
     max + sum.ln()
+}
+
+// ---- the composed oracle (burn ops) ----
+
+/// `[1]`: the same sum from burn ops: slow and obvious, the oracle of the
+/// fused kernel. `logits`: `[K, V]`, `targets`: `[K]`.
+pub fn composed_cross_entropy_sum(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    let rows = logits.dims()[0];
+    // log p = x - logsumexp(x), with the row maximum subtracted for stability.
+    let max = logits.clone().max_dim(1).detach();
+    let shifted = logits - max;
+    let log_norm = shifted.clone().exp().sum_dim(1).log().reshape([rows]);
+    let picked = gather_columns(shifted, targets);
+    (log_norm - picked).sum()
 }
 
 #[cfg(test)]

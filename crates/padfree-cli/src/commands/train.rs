@@ -13,16 +13,16 @@ use padfree_data::{
 use padfree_model::gguf::GgufFile;
 use padfree_model::tensor::{cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
-use padfree_train::checkpoint::{LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, prepare_output_dir};
+use padfree_train::outputs::{LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, prepare_output_dir};
 use padfree_train::{LogRecord, Observer, StepMetrics, Trainer};
 
-use crate::train_args::{ModelSource, TrainJob, is_gguf};
+use crate::args::{ModelSource, TrainJob, is_gguf};
 
 const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
-const EMBEDDED_DATA: &str = include_str!("../../../data/gsm-symbolic/train.jsonl");
-const EMBEDDED_TOKENIZER: &[u8] = include_bytes!("../../../data/gsm-symbolic/tokenizer.json");
+const EMBEDDED_DATA: &str = include_str!("../../../../data/gsm-symbolic/train.jsonl");
+const EMBEDDED_TOKENIZER: &[u8] = include_bytes!("../../../../data/gsm-symbolic/tokenizer.json");
 const EMBEDDED_TOKENIZER_CONFIG: &str =
-    include_str!("../../../data/gsm-symbolic/tokenizer_config.json");
+    include_str!("../../../../data/gsm-symbolic/tokenizer_config.json");
 
 /// Exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it.
 pub const INTERRUPTED_EXIT: u8 = 130;

@@ -14,12 +14,104 @@
 //! Work is split by example (each owns a contiguous block of rows of every
 //! output), longest first, across rayon's threads.
 //!
+//! This file holds, in order: the differentiable burn op
+//! ([`varlen_attention`], through `host_op`), the host kernel (`forward`,
+//! `backward`), and the slow, obvious oracle it is tested against
+//! ([`composed_varlen_attention`], [`composed_padded_attention`]: burn ops,
+//! one example or padded row at a time), then the kernel's unit tests
+//! against an f64 definition and central differences.
+//!
 //! # Shapes
 //! `T` tokens of the flattened batch, `H` query heads, `Hkv` key/value heads,
 //! `D` head size. `q`, `out`, `dq`: `[T, H, D]`; `k`, `v`, `dk`, `dv`:
 //! `[T, Hkv, D]`; `lse`: `[T, H]`; all row-major.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use padfree_pack::BatchMeta;
 use rayon::prelude::*;
+
+use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use crate::tensor::{Bool, Device, Tensor, cat, causal_mask, mask_fill, narrow, softmax_last};
+
+// ---- the differentiable burn op ----
+
+/// Fused causal attention of every example of a flattened batch.
+///
+/// `q`: `[T, H, D]`, `k`, `v`: `[T, Hkv, D]`, `cu_seqlens`: `B + 1` offsets
+/// (the collator's own, from `BatchMeta::cu_seqlens_shared`: kept for the
+/// backward pass without a copy) -> `[T, H, D]`.
+pub fn varlen_attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    cu_seqlens: Arc<[u32]>,
+    scale: f32,
+) -> Result<Tensor<3>, UnsupportedTensor> {
+    let [_, num_heads, head_dim] = q.dims();
+    let op = VarlenAttention {
+        cu_seqlens,
+        dims: AttentionDims {
+            num_heads,
+            num_kv_heads: k.dims()[1],
+            head_dim,
+        },
+        scale,
+    };
+    apply(op, [q, k, v])
+}
+
+#[derive(Debug, Clone)]
+struct VarlenAttention {
+    cu_seqlens: Arc<[u32]>,
+    dims: AttentionDims,
+    scale: f32,
+}
+
+impl HostOp<3> for VarlenAttention {
+    /// Saves one log-sum-exp per row and head, `[T, H]`, not the `[L, L]`
+    /// probabilities.
+    fn forward(&self, [q, k, v]: [HostTensor<'_>; 3]) -> HostOutput {
+        let inputs = Qkv {
+            q: q.values,
+            k: k.values,
+            v: v.values,
+        };
+        let forward = forward(inputs, &self.cu_seqlens, self.dims, self.scale);
+        HostOutput {
+            values: forward.out,
+            shape: q.shape.to_vec(),
+            saved: forward.lse,
+        }
+    }
+
+    fn backward(
+        &self,
+        [q, k, v]: [HostTensor<'_>; 3],
+        output: &[f32],
+        lse: &[f32],
+        d_out: &[f32],
+    ) -> [Vec<f32>; 3] {
+        let inputs = Qkv {
+            q: q.values,
+            k: k.values,
+            v: v.values,
+        };
+        let grads = backward(
+            inputs,
+            output,
+            lse,
+            d_out,
+            &self.cu_seqlens,
+            self.dims,
+            self.scale,
+        );
+        [grads.dq, grads.dk, grads.dv]
+    }
+}
+
+// ---- the host kernel ----
 
 /// Sizes of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +163,7 @@ pub struct BackwardOutput {
 /// `cu_seqlens`: `B + 1` offsets from 0 to `T`, as the collator computed them.
 pub fn forward(
     inputs: Qkv<'_>,
-    cu_seqlens: &[usize],
+    cu_seqlens: &[u32],
     dims: AttentionDims,
     scale: f32,
 ) -> ForwardOutput {
@@ -86,7 +178,7 @@ pub fn forward(
         .into_iter()
         .zip(lse_blocks)
         .zip(cu_seqlens.windows(2))
-        .map(|((out, lse), bounds)| (bounds[0], bounds[1] - bounds[0], out, lse))
+        .map(|((out, lse), bounds)| (offset(bounds[0]), len(bounds), out, lse))
         .collect();
     longest_first(&mut jobs, |job| job.1);
     jobs.into_par_iter().for_each(|(start, len, out, lse)| {
@@ -114,7 +206,7 @@ pub fn backward(
     out: &[f32],
     lse: &[f32],
     d_out: &[f32],
-    cu_seqlens: &[usize],
+    cu_seqlens: &[u32],
     dims: AttentionDims,
     scale: f32,
 ) -> BackwardOutput {
@@ -131,7 +223,7 @@ pub fn backward(
         .zip(dk_blocks)
         .zip(dv_blocks)
         .zip(cu_seqlens.windows(2))
-        .map(|(((dq, dk), dv), bounds)| (bounds[0], bounds[1] - bounds[0], dq, dk, dv))
+        .map(|(((dq, dk), dv), bounds)| (offset(bounds[0]), len(bounds), dq, dk, dv))
         .collect();
     longest_first(&mut jobs, |job| job.1);
     jobs.into_par_iter().for_each(|(start, len, dq, dk, dv)| {
@@ -146,16 +238,26 @@ pub fn backward(
     BackwardOutput { dq, dk, dv }
 }
 
-fn total_tokens(cu_seqlens: &[usize]) -> usize {
-    cu_seqlens.last().copied().unwrap_or(0)
+fn total_tokens(cu_seqlens: &[u32]) -> usize {
+    cu_seqlens.last().copied().map_or(0, offset)
+}
+
+/// An offset of `cu_seqlens` as an index.
+fn offset(value: u32) -> usize {
+    value as usize
+}
+
+/// The length of the example between two consecutive offsets.
+fn len(bounds: &[u32]) -> usize {
+    offset(bounds[1]) - offset(bounds[0])
 }
 
 /// Cuts `values` (`[T, width]`) into one mutable block of rows per example.
-fn split_rows<'a>(values: &'a mut [f32], cu_seqlens: &[usize], width: usize) -> Vec<&'a mut [f32]> {
+fn split_rows<'a>(values: &'a mut [f32], cu_seqlens: &[u32], width: usize) -> Vec<&'a mut [f32]> {
     let mut blocks = Vec::with_capacity(cu_seqlens.len().saturating_sub(1));
     let mut rest = values;
     for bounds in cu_seqlens.windows(2) {
-        let (block, tail) = rest.split_at_mut((bounds[1] - bounds[0]) * width);
+        let (block, tail) = rest.split_at_mut(len(bounds) * width);
         blocks.push(block);
         rest = tail;
     }
@@ -317,6 +419,123 @@ fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+// ---- the composed oracle (burn ops) ----
+
+/// A causal mask (`[1, 1, len, len]`) for every distinct example length of a
+/// batch, built once per forward pass and shared by every layer.
+#[derive(Debug, Clone)]
+pub struct CausalMasks {
+    by_len: BTreeMap<usize, Tensor<4, Bool>>,
+}
+
+impl CausalMasks {
+    /// Masks for examples of these lengths.
+    pub fn new(lengths: impl IntoIterator<Item = usize>, device: &Device) -> Self {
+        let mut by_len = BTreeMap::new();
+        for len in lengths {
+            by_len
+                .entry(len)
+                .or_insert_with(|| causal_mask(len, device));
+        }
+        Self { by_len }
+    }
+
+    /// The mask of an example of `len` tokens (built on demand if the batch
+    /// did not announce that length).
+    fn get(&self, len: usize, device: &Device) -> Tensor<4, Bool> {
+        self.by_len
+            .get(&len)
+            .cloned()
+            .unwrap_or_else(|| causal_mask(len, device))
+    }
+}
+
+/// Added to scores of masked positions before the softmax. The most negative
+/// finite f32, as transformers uses: `-inf` would turn into NaN in backward
+/// wherever `0 * inf` appears.
+const MASKED: f32 = f32::MIN;
+
+/// The slow, obvious varlen attention: each example attends causally to
+/// itself only, one small attention per example from burn ops, so the work
+/// is the sum of squared lengths, not `T^2`.
+///
+/// `q`: `[T, H, D]`, `k`, `v`: `[T, Hkv, D]` -> `[T, H, D]`.
+pub fn composed_varlen_attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    meta: &BatchMeta,
+    masks: &CausalMasks,
+) -> Tensor<3> {
+    let device = q.device();
+    let outputs: Vec<Tensor<3>> = meta
+        .example_ranges()
+        .map(|range| {
+            let len = range.len();
+            let rows = |t: &Tensor<3>| {
+                narrow(t.clone(), 0, range.start, len)
+                    .swap_dims(0, 1)
+                    .unsqueeze_dim::<4>(0)
+            };
+            let out = composed_core(rows(&q), rows(&k), rows(&v), masks.get(len, &device));
+            // [1, H, len, D] -> [len, H, D]
+            out.squeeze_dim::<3>(0).swap_dims(0, 1)
+        })
+        .collect();
+    cat(outputs, 0)
+}
+
+/// The slow, obvious padded attention: `B` rows of `L` tokens with a
+/// `[B, 1, L, L]` mask, true where a query may not see a key (the future, or
+/// a pad).
+///
+/// `q`: `[B * L, H, D]`, `k`, `v`: `[B * L, Hkv, D]` -> `[B * L, H, D]`.
+pub fn composed_padded_attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    batch_size: usize,
+    seq_len: usize,
+    mask: Tensor<4, Bool>,
+) -> Tensor<3> {
+    let [_, heads, head_dim] = q.dims();
+    let rows = |t: Tensor<3>| {
+        let heads = t.dims()[1];
+        t.reshape([batch_size, seq_len, heads, head_dim])
+            .swap_dims(1, 2)
+    };
+    let out = composed_core(rows(q), rows(k), rows(v), mask);
+    out.swap_dims(1, 2)
+        .reshape([batch_size * seq_len, heads, head_dim])
+}
+
+/// Scaled dot-product attention with grouped key/value heads.
+///
+/// `q`: `[b, H, l, D]`, `k`, `v`: `[b, Hkv, l, D]`, `mask`: `[b, 1, l, l]`
+/// (true = hidden) -> `[b, H, l, D]`.
+fn composed_core(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, mask: Tensor<4, Bool>) -> Tensor<4> {
+    let [b, h, l, head_dim] = q.dims();
+    let group = h / k.dims()[1];
+    let k = repeat_kv(k, group);
+    let v = repeat_kv(v, group);
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+    let scores = mask_fill(scores, mask.expand([b, h, l, l]), MASKED);
+    softmax_last(scores).matmul(v)
+}
+
+/// `[b, Hkv, l, D] -> [b, Hkv * group, l, D]`, each key/value head serving
+/// its group of query heads (HF's `repeat_kv`).
+fn repeat_kv(x: Tensor<4>, group: usize) -> Tensor<4> {
+    if group == 1 {
+        return x;
+    }
+    let [b, hkv, l, d] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .repeat_dim(2, group)
+        .reshape([b, hkv * group, l, d])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,12 +547,16 @@ mod tests {
         q: &[f32],
         k: &[f32],
         v: &[f32],
-        cu_seqlens: &[usize],
+        cu_seqlens: &[u32],
         dims: AttentionDims,
         scale: f32,
     ) -> Vec<f64> {
         let total = total_tokens(cu_seqlens);
-        let example_of = |t: usize| cu_seqlens.windows(2).position(|w| w[0] <= t && t < w[1]);
+        let example_of = |t: usize| {
+            cu_seqlens
+                .windows(2)
+                .position(|w| offset(w[0]) <= t && t < offset(w[1]))
+        };
         let d = dims.head_dim;
         let mut out = vec![0.0; total * dims.q_row()];
         for h in 0..dims.num_heads {
@@ -386,7 +609,7 @@ mod tests {
         num_kv_heads: 2,
         head_dim: 12,
     };
-    const CU: [usize; 4] = [0, 5, 6, 14];
+    const CU: [u32; 4] = [0, 5, 6, 14];
 
     fn qkv<'a>(q: &'a [f32], k: &'a [f32], v: &'a [f32]) -> Qkv<'a> {
         Qkv { q, k, v }

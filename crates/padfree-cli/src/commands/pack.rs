@@ -7,13 +7,13 @@ use padfree_pack::{
     Balance, BinPacking, Example, PackingConfig, flatten, pad, plan_epoch, synthetic_examples,
 };
 
-use crate::args::PackConfig;
+use crate::args::PackJob;
 
 /// Token ids of the synthetic examples are drawn below a Llama-sized vocabulary.
 const VOCAB_SIZE: u32 = 32_000;
 const PAD_ID: u32 = 0;
 
-pub fn run(config: &PackConfig) -> anyhow::Result<()> {
+pub fn run(config: &PackJob) -> anyhow::Result<()> {
     println!("padfree pack: the padding-free collator and multipack packing\n");
     show_collator_example()?;
     let examples = synthetic_examples(&config.lengths, VOCAB_SIZE, config.seed);
@@ -99,7 +99,7 @@ fn compare_padded_and_flattened(examples: &[Example], batch_size: usize) -> anyh
     Ok(())
 }
 
-fn show_packing_plans(config: &PackConfig) -> anyhow::Result<()> {
+fn show_packing_plans(config: &PackJob) -> anyhow::Result<()> {
     println!(
         "3. Multipack: bins of {} tokens dealt to {} ranks, one bin per rank per step",
         config.capacity, config.world_size

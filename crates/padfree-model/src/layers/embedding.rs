@@ -1,15 +1,16 @@
-use crate::param::Param;
 use crate::tensor::{Int, Tensor, select_rows};
+use crate::weights::table::Param;
 
 /// Token embedding: a row of `[V, C]` per token id.
 #[derive(Debug, Clone)]
-pub struct Embedding {
+pub struct Embedding<'a> {
     /// `[V, C]`.
-    pub(crate) weight: Param,
+    weight: &'a Param,
 }
 
-impl Embedding {
-    pub(crate) fn new(weight: Param) -> Self {
+impl<'a> Embedding<'a> {
+    /// The embedding table `weight` (`[V, C]`).
+    pub fn new(weight: &'a Param) -> Self {
         Self { weight }
     }
 

@@ -1,0 +1,40 @@
+//! Every command's flags, one file each, in one convention: clap parses
+//! `XArgs` (plain values), and `XArgs::validate` turns them into an `XJob`
+//! that the command in `crate::commands` runs on (ripgrep's `lowargs` ->
+//! `hiargs`). Nothing past `validate` sees a raw flag.
+
+mod bench;
+mod lengths;
+mod pack;
+mod train;
+
+use clap::{Parser, Subcommand};
+
+pub use bench::{BenchArgs, BenchJob, Peer};
+pub use pack::{PackArgs, PackJob};
+pub use train::{ModelSource, TrainArgs, TrainJob, is_gguf};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "padfree",
+    version,
+    about = "Padding-free fine-tuning of decoder language models"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the padding-free collator and multipack packing on a dataset's
+    /// example lengths (an embedded synthetic dataset unless --lengths is given).
+    Pack(PackArgs),
+    /// Fine-tune a model (padding-free by default). With no arguments: a
+    /// short demo run of the `small` preset on the shipped maths dataset.
+    Train(Box<TrainArgs>),
+    /// Train the same model on the same data in each attention mode (padded,
+    /// padding-free with per-layer metadata, padding-free with the collator's)
+    /// and report the table: runtime, real/fed tokens/s, memory, loss.
+    Bench(Box<BenchArgs>),
+}

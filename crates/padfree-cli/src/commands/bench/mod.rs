@@ -1,0 +1,198 @@
+//! `padfree bench`: the same model, data and steps trained in each attention
+//! mode, each in its own process (so peak memory is that mode's own), and the
+//! reference system's table: runtime, real and fed tokens/s, padding, samples/s,
+//! peak memory, final loss; written as markdown, JSON and a PNG bar chart.
+//!
+//! This file runs the modes (parent and child processes); `peer.rs` runs
+//! Hugging Face's Trainer on the same weights and batches; `report.rs`
+//! renders the table, the findings and the files.
+
+mod peer;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use padfree_train::checkpoint::write_atomically;
+use padfree_train::{AttentionMode, Trainer, peak_memory_bytes};
+use serde::{Deserialize, Serialize};
+
+use crate::args::{BenchJob, Peer};
+use crate::commands::train;
+use report::Report;
+
+/// One mode's measurements (timed steps only, but peak memory is the process's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModeResult {
+    pub mode: String,
+    pub timed_steps: usize,
+    pub train_runtime: f64,
+    pub real_tokens: usize,
+    pub fed_tokens: usize,
+    pub samples: usize,
+    pub real_tokens_per_second: f64,
+    pub fed_tokens_per_second: f64,
+    pub samples_per_second: f64,
+    pub padding_fraction: f64,
+    pub peak_memory_bytes: Option<u64>,
+    pub final_loss: f64,
+    pub step_losses: Vec<f64>,
+}
+
+impl BenchJob {
+    /// The flags a child process gets: everything that shapes the run.
+    fn child_args(&self, mode: AttentionMode, result: &Path) -> Vec<String> {
+        let mut args: Vec<String> = vec!["bench".into(), "--config".into(), self.config.clone()];
+        let mut path = |flag: &str, value: &Option<PathBuf>| {
+            if let Some(value) = value {
+                args.push(flag.into());
+                args.push(value.display().to_string());
+            }
+        };
+        path("--model", &self.model);
+        path("--tokenizer", &self.tokenizer);
+        path("--data", &self.data);
+        for (flag, value) in [
+            (
+                "--per-device-train-batch-size",
+                self.per_device_train_batch_size.to_string(),
+            ),
+            ("--max-steps", self.max_steps.to_string()),
+            (
+                "--timing-warmup-steps",
+                self.timing_warmup_steps.to_string(),
+            ),
+            ("--learning-rate", self.learning_rate.to_string()),
+            ("--seed", self.seed.to_string()),
+            ("--max-seq-len", self.max_seq_len.to_string()),
+            ("--child-mode", mode.name().to_owned()),
+            ("--child-result", result.display().to_string()),
+        ] {
+            args.push(flag.into());
+            args.push(value);
+        }
+        args
+    }
+}
+
+pub fn run(args: &BenchJob) -> anyhow::Result<()> {
+    if let Some(child) = &args.child {
+        return run_child(args, child.mode, &child.result);
+    }
+    let output_dir = args.output_dir.clone();
+    std::fs::create_dir_all(&output_dir)
+        .with_context(|| format!("creating {}", output_dir.display()))?;
+    let peer_python = match &args.peer {
+        Some(Peer::Python(python)) => Some(python.clone()),
+        Some(Peer::Setup) => Some(peer::environment()?),
+        None => None,
+    };
+    let peer = match &peer_python {
+        Some(python) => Some((python.as_path(), peer::export(args, &output_dir)?)),
+        None => None,
+    };
+    let mut runs = Vec::new();
+    for round in 1..=args.repeats {
+        if args.repeats > 1 {
+            println!("round {round} of {}", args.repeats);
+        }
+        for &mode in &args.modes {
+            runs.push(run_mode(args, mode, &output_dir)?);
+        }
+        if let Some((python, peer_dir)) = &peer {
+            for mode in ["padded", "flattening"] {
+                runs.push(peer::run_mode(args, python, peer_dir, mode)?);
+            }
+        }
+    }
+    let report = Report::new(args, runs);
+    println!("\n{}", report.table());
+    println!("{}", report.findings());
+    report.write(&output_dir)?;
+    println!(
+        "\nwrote {}/bench.md, bench.json, bench.png",
+        output_dir.display()
+    );
+    Ok(())
+}
+
+/// One padfree mode in a child process.
+fn run_mode(args: &BenchJob, mode: AttentionMode, output_dir: &Path) -> anyhow::Result<ModeResult> {
+    let exe = std::env::current_exe().context("finding the padfree binary")?;
+    let result_path = output_dir.join(format!(".result-{}.json", mode.name()));
+    println!(
+        "running {} ({} + {} steps) ...",
+        report::label(mode.name()),
+        args.timing_warmup_steps,
+        args.max_steps
+    );
+    let mut command = Command::new(&exe);
+    command.args(args.child_args(mode, &result_path));
+    command.env("RAYON_NUM_THREADS", args.threads.to_string());
+    let output = command.output().context("starting a benchmark run")?;
+    if !output.status.success() {
+        bail!(
+            "the {} run failed:\n{}{}",
+            mode.name(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let text = std::fs::read_to_string(&result_path)
+        .with_context(|| format!("reading {}", result_path.display()))?;
+    let result = serde_json::from_str::<ModeResult>(&text)?;
+    std::fs::remove_file(&result_path).ok();
+    Ok(result)
+}
+
+fn run_child(args: &BenchJob, mode: AttentionMode, result: &Path) -> anyhow::Result<()> {
+    // The trainer wants an output directory; nothing is saved there.
+    let scratch = std::env::temp_dir().join(format!("padfree-bench-{}", std::process::id()));
+    let outcome = timed_run(args, mode, &scratch);
+    std::fs::remove_dir_all(&scratch).ok();
+    write_atomically(result, &serde_json::to_vec_pretty(&outcome?)?)?;
+    Ok(())
+}
+
+/// Trains `mode` for the warm-up and timed steps and measures the timed ones.
+fn timed_run(args: &BenchJob, mode: AttentionMode, scratch: &Path) -> anyhow::Result<ModeResult> {
+    let job = args.train_job(mode)?;
+    let loaded = train::load(&job)?;
+    let mut trainer = Trainer::new(
+        loaded.model,
+        loaded.dataset.examples,
+        job.train.clone(),
+        scratch,
+        Vec::new(),
+    )?;
+    let (mut seconds, mut real, mut fed, mut samples) = (0.0, 0, 0, 0);
+    let mut step_losses = Vec::new();
+    for step in 0..trainer.plan().len() {
+        let metrics = trainer.train_step()?;
+        step_losses.push(metrics.loss);
+        if step >= args.timing_warmup_steps {
+            seconds += metrics.seconds;
+            real += metrics.real_tokens;
+            fed += metrics.fed_tokens;
+            samples += metrics.examples;
+        }
+    }
+    let runtime = f64::max(seconds, 1e-9);
+    let outcome = ModeResult {
+        mode: mode.name().to_owned(),
+        timed_steps: args.max_steps,
+        train_runtime: seconds,
+        real_tokens: real,
+        fed_tokens: fed,
+        samples,
+        real_tokens_per_second: real as f64 / runtime,
+        fed_tokens_per_second: fed as f64 / runtime,
+        samples_per_second: samples as f64 / runtime,
+        padding_fraction: 1.0 - real as f64 / fed.max(1) as f64,
+        peak_memory_bytes: peak_memory_bytes(),
+        final_loss: step_losses.last().copied().unwrap_or(f64::NAN),
+        step_losses,
+    };
+    Ok(outcome)
+}

@@ -1,0 +1,118 @@
+//! The Hugging Face peer of `padfree bench`: the initial weights, batches
+//! and settings exported for `bench/hf_peer/hf_peer.py`, its environment
+//! (`.venv-peer/`, made by `bench/hf_peer/setup.sh`), and its runs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use padfree_train::checkpoint::write_atomically;
+use padfree_train::{AttentionMode, Trainer};
+
+use super::ModeResult;
+use crate::args::BenchJob;
+use crate::commands::train;
+
+/// The repository this binary was built from (the peer's script lives there).
+pub(super) fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The Python of `.venv-peer/`, made by `bench/hf_peer/setup.sh` if missing.
+pub(super) fn environment() -> anyhow::Result<PathBuf> {
+    let root = repository();
+    let python = root.join(".venv-peer/bin/python");
+    if python.is_file() {
+        return Ok(python);
+    }
+    let setup = root.join("bench/hf_peer/setup.sh");
+    println!(
+        "making {} with {} (torch and transformers from PyPI; several GB, minutes) ...",
+        root.join(".venv-peer").display(),
+        setup.display()
+    );
+    let status = Command::new("bash")
+        .arg(&setup)
+        .status()
+        .with_context(|| format!("running {}", setup.display()))?;
+    if !status.success() || !python.is_file() {
+        bail!(
+            "{} failed ({status})\nHINT: it needs python3 with venv and pip, and PyPI; or pass --peer-python with an environment that has torch 2.15 and transformers 5.24",
+            setup.display()
+        );
+    }
+    Ok(python)
+}
+
+/// Exports the initial weights, batches and settings every padfree mode
+/// trains with, for the HF peer; returns the folder.
+pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathBuf> {
+    let peer_dir = output_dir.join("peer");
+    let job = args.train_job(AttentionMode::Varlen)?;
+    let loaded = train::load(&job)?;
+    loaded.model.save_hf_dir(&peer_dir.join("model"))?;
+    let examples = loaded.dataset.examples.clone();
+    let trainer = Trainer::new(
+        loaded.model,
+        loaded.dataset.examples,
+        job.train.clone(),
+        &peer_dir,
+        Vec::new(),
+    )?;
+    let mut lines = String::new();
+    for step in trainer.plan().steps() {
+        let batch: Vec<serde_json::Value> = step.micro_batches.concat().iter().map(|&i| {
+            serde_json::json!({"input_ids": examples[i].input_ids(), "labels": examples[i].labels()})
+        }).collect();
+        lines.push_str(&serde_json::json!({ "examples": batch }).to_string());
+        lines.push('\n');
+    }
+    write_atomically(&peer_dir.join("batches.jsonl"), lines.as_bytes())?;
+    let c = &job.train;
+    let settings = serde_json::json!({
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "learning_rate": c.learning_rate, "weight_decay": c.weight_decay,
+        "adam_beta1": c.adam_beta1, "adam_beta2": c.adam_beta2, "adam_epsilon": c.adam_epsilon,
+        "max_grad_norm": c.max_grad_norm, "seed": c.seed, "threads": args.threads,
+        "timing_warmup_steps": args.timing_warmup_steps,
+    });
+    write_atomically(
+        &peer_dir.join("settings.json"),
+        &serde_json::to_vec_pretty(&settings)?,
+    )?;
+    Ok(peer_dir)
+}
+
+/// One run of the HF peer (`padded` or `flattening`).
+pub(super) fn run_mode(
+    args: &BenchJob,
+    python: &Path,
+    peer_dir: &Path,
+    mode: &str,
+) -> anyhow::Result<ModeResult> {
+    let script = repository().join("bench/hf_peer/hf_peer.py");
+    println!("running HF transformers, {mode} ...");
+    let out = peer_dir.join(format!("result-{mode}.json"));
+    let output = Command::new(python)
+        .arg(&script)
+        .args([
+            "--peer-dir",
+            &peer_dir.display().to_string(),
+            "--mode",
+            mode,
+            "--out",
+            &out.display().to_string(),
+        ])
+        .env("OMP_NUM_THREADS", args.threads.to_string())
+        .output()
+        .with_context(|| format!("starting {}", python.display()))?;
+    if !output.status.success() {
+        bail!(
+            "the HF peer ({mode}) failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let text =
+        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    Ok(serde_json::from_str::<ModeResult>(&text)?)
+}

@@ -1,0 +1,276 @@
+//! The `padfree bench` report: the table (each mode's median run, the range
+//! over runs), the findings against the reference system's claims, and
+//! `bench.md`, `bench.json`, `bench.png`.
+
+use std::path::Path;
+
+use padfree_train::checkpoint::write_atomically;
+use serde::Serialize;
+
+use super::ModeResult;
+use crate::args::BenchJob;
+use crate::clock::utc_timestamp;
+
+/// The row name of a mode in the table.
+pub(super) fn label(mode: &str) -> &str {
+    match mode {
+        "padded" => "padfree, padded",
+        "varlen-per-layer" => "padfree, padding-free, metadata derived in every layer",
+        "varlen" => "padfree, padding-free, metadata from the collator",
+        "hf-padded" => "HF transformers, padded",
+        "hf-flattening" => "HF transformers, DataCollatorWithFlattening",
+        other => other,
+    }
+}
+
+/// The table and what follows from it.
+#[derive(Debug, Serialize)]
+pub(super) struct Report {
+    date: String,
+    machine: String,
+    command: String,
+    threads: String,
+    repeats: u32,
+    /// Each mode's median run, in the order the modes first ran.
+    results: Vec<ModeResult>,
+    /// Every run, in the order they ran.
+    runs: Vec<ModeResult>,
+}
+
+impl Report {
+    pub(super) fn new(args: &BenchJob, runs: Vec<ModeResult>) -> Self {
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        Self {
+            date: utc_timestamp(),
+            machine: machine_description(),
+            command,
+            threads: args.threads.to_string(),
+            repeats: args.repeats,
+            results: medians(&runs),
+            runs,
+        }
+    }
+
+    /// `min-max` real tokens/s over a mode's runs.
+    fn range(&self, mode: &str) -> String {
+        let speeds: Vec<f64> = self
+            .runs
+            .iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| r.real_tokens_per_second)
+            .collect();
+        let min = speeds.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = speeds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{min:.0}-{max:.0}")
+    }
+
+    pub(super) fn table(&self) -> String {
+        let repeated = self.repeats > 1;
+        let (range_head, range_rule) = if repeated {
+            (
+                format!(" real tokens/s, {} runs |", self.repeats),
+                " ---: |",
+            )
+        } else {
+            (String::new(), "")
+        };
+        let mut lines = vec![
+            format!(
+                "| mode | train runtime | real tokens/s |{range_head} fed tokens/s | padding | samples/s | peak memory | final loss |"
+            ),
+            format!("| --- | ---: | ---: |{range_rule} ---: | ---: | ---: | ---: | ---: |"),
+        ];
+        for r in &self.results {
+            let memory = r.peak_memory_bytes.map_or_else(
+                || "n/a".to_owned(),
+                |b| format!("{:.0} MiB", b as f64 / 1048576.0),
+            );
+            let range = if repeated {
+                format!(" {} |", self.range(&r.mode))
+            } else {
+                String::new()
+            };
+            lines.push(format!(
+                "| {} | {:.1} s | {:.0} |{range} {:.0} | {:.1}% | {:.2} | {} | {:.6} |",
+                label(&r.mode),
+                r.train_runtime,
+                r.real_tokens_per_second,
+                r.fed_tokens_per_second,
+                100.0 * r.padding_fraction,
+                r.samples_per_second,
+                memory,
+                r.final_loss
+            ));
+        }
+        lines.join("\n")
+    }
+
+    pub(super) fn findings(&self) -> String {
+        let mut out = Vec::new();
+        let find = |name: &str| self.results.iter().find(|r| r.mode == name);
+        if let (Some(padded), Some(varlen)) = (find("padded"), find("varlen")) {
+            let ideal = padded.fed_tokens as f64 / padded.real_tokens.max(1) as f64;
+            let speedup = varlen.real_tokens_per_second / padded.real_tokens_per_second;
+            out.push(format!(
+                "- padding-free (collator metadata) vs padded: {speedup:.3}x real tokens/s; the ideal ratio (fed / real tokens of the padded run) is {ideal:.3}, so {:.1}% of ideal.",
+                100.0 * speedup / ideal
+            ));
+            if let (Some(a), Some(b)) = (padded.peak_memory_bytes, varlen.peak_memory_bytes) {
+                out.push(format!(
+                    "- peak memory: padding-free {:.0} MiB vs padded {:.0} MiB ({:+.1}%).",
+                    b as f64 / 1048576.0,
+                    a as f64 / 1048576.0,
+                    100.0 * (b as f64 / a as f64 - 1.0)
+                ));
+            }
+        }
+        if let (Some(per_layer), Some(varlen)) = (find("varlen-per-layer"), find("varlen")) {
+            out.push(format!(
+                "- metadata from the collator vs derived in every layer: {:.3}x real tokens/s.",
+                varlen.real_tokens_per_second / per_layer.real_tokens_per_second
+            ));
+        }
+        if let (Some(ours), Some(theirs)) = (find("varlen"), find("hf-flattening")) {
+            out.push(format!(
+                "- padfree padding-free vs HF transformers padding-free (same threads): {:.3}x real tokens/s, peak memory {:.0} vs {:.0} MiB.",
+                ours.real_tokens_per_second / theirs.real_tokens_per_second,
+                ours.peak_memory_bytes.unwrap_or(0) as f64 / 1048576.0,
+                theirs.peak_memory_bytes.unwrap_or(0) as f64 / 1048576.0
+            ));
+        }
+        if let (Some(ours), Some(theirs)) = (find("padded"), find("hf-padded")) {
+            out.push(format!(
+                "- padfree padded vs HF transformers padded: {:.3}x real tokens/s.",
+                ours.real_tokens_per_second / theirs.real_tokens_per_second
+            ));
+        }
+        if let Some(first) = self.results.first() {
+            let worst = self
+                .results
+                .iter()
+                .flat_map(|r| {
+                    r.step_losses
+                        .iter()
+                        .zip(&first.step_losses)
+                        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-12))
+                })
+                .fold(0.0, f64::max);
+            out.push(format!(
+                "- losses agree: every run starts from the same weights and sees the same batches; the largest relative difference of any step's loss from the {} run is {worst:.2e} over {} steps (HF logs losses rounded to 4 decimals).",
+                first.mode,
+                first.step_losses.len()
+            ));
+        }
+        out.join("\n")
+    }
+
+    pub(super) fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        let markdown = format!(
+            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process from the same initial weights on the same batches; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n\nPer-step losses are in bench.json.\n",
+            self.date,
+            self.machine,
+            self.command,
+            self.threads,
+            self.repeats,
+            self.table(),
+            self.findings()
+        );
+        write_atomically(&dir.join("bench.md"), markdown.as_bytes())?;
+        write_atomically(&dir.join("bench.json"), &serde_json::to_vec_pretty(self)?)?;
+        let bars: Vec<padfree_plot::Bar> = self
+            .results
+            .iter()
+            .map(|r| padfree_plot::Bar {
+                label: r.mode.clone(),
+                value: r.real_tokens_per_second,
+            })
+            .collect();
+        let png = padfree_plot::bar_chart_png("real tokens per second", "tokens/s", &bars)
+            .map_err(anyhow::Error::msg)?;
+        write_atomically(&dir.join("bench.png"), &png)?;
+        Ok(())
+    }
+}
+
+/// Each mode's median run by real tokens/s (the lower of the two middle
+/// runs when the count is even), modes in the order they first ran.
+fn medians(runs: &[ModeResult]) -> Vec<ModeResult> {
+    let mut modes: Vec<&str> = Vec::new();
+    for run in runs {
+        if !modes.contains(&run.mode.as_str()) {
+            modes.push(&run.mode);
+        }
+    }
+    modes
+        .iter()
+        .filter_map(|mode| {
+            let mut own: Vec<&ModeResult> = runs.iter().filter(|r| r.mode == *mode).collect();
+            own.sort_by(|a, b| {
+                a.real_tokens_per_second
+                    .total_cmp(&b.real_tokens_per_second)
+            });
+            own.get((own.len().saturating_sub(1)) / 2)
+                .map(|r| (*r).clone())
+        })
+        .collect()
+}
+
+/// CPU model and core count, from /proc/cpuinfo where there is one.
+fn machine_description() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or("unknown CPU", str::trim)
+        .to_owned();
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    format!(
+        "{model}, {cores} cores available, {} {}",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(mode: &str, speed: f64) -> ModeResult {
+        ModeResult {
+            mode: mode.to_owned(),
+            timed_steps: 1,
+            train_runtime: 1.0,
+            real_tokens: 1,
+            fed_tokens: 1,
+            samples: 1,
+            real_tokens_per_second: speed,
+            fed_tokens_per_second: speed,
+            samples_per_second: 1.0,
+            padding_fraction: 0.0,
+            peak_memory_bytes: None,
+            final_loss: 1.0,
+            step_losses: vec![1.0],
+        }
+    }
+
+    #[test]
+    fn each_mode_is_shown_by_its_median_run_in_first_run_order() {
+        let runs = [
+            run("b", 30.0),
+            run("a", 5.0),
+            run("b", 10.0),
+            run("a", 7.0),
+            run("b", 20.0),
+            run("a", 6.0),
+            run("a", 8.0),
+        ];
+        let medians = medians(&runs);
+        let shown: Vec<(&str, f64)> = medians
+            .iter()
+            .map(|r| (r.mode.as_str(), r.real_tokens_per_second))
+            .collect();
+        // b: 10, 20, 30 -> 20; a: 5, 6, 7, 8 -> the lower middle, 6.
+        assert_eq!(shown, vec![("b", 20.0), ("a", 6.0)]);
+    }
+}

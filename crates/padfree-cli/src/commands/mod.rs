@@ -1,0 +1,5 @@
+//! What each command does, given its validated job (`crate::args`).
+
+pub mod bench;
+pub mod pack;
+pub mod train;

@@ -1,0 +1,177 @@
+use padfree_pack::BatchMeta;
+
+use super::rope::Rope;
+use crate::error::ModelError;
+use crate::kernels::{
+    CausalMasks, composed_padded_attention, composed_varlen_attention, varlen_attention,
+};
+use crate::tensor::{Bool, Tensor, linear};
+use crate::weights::table::Param;
+
+/// How attention is computed, for flattened and padded batches alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// padfree's fused kernel (`kernels/attention.rs`): one call per layer for the
+    /// whole batch, with its own backward pass. The default.
+    #[default]
+    Fused,
+    /// One attention per example (or per padded row, with a mask) built from
+    /// burn tensor ops: slow, obvious, kept as the oracle the fused kernel is
+    /// tested against (`kernels/attention.rs` too).
+    Composed,
+}
+
+/// How the rows of a forward pass are grouped into sequences that may attend
+/// to each other. Built once per forward pass and handed to every layer.
+#[derive(Debug, Clone)]
+pub enum AttentionLayout<'a> {
+    /// One flattened row; the collator's boundaries keep each example to itself.
+    Varlen {
+        /// The collator's boundaries.
+        meta: &'a BatchMeta,
+        /// Fused or composed.
+        kernel: AttentionKernel,
+        /// Causal masks of the batch's example lengths (composed kernel only).
+        masks: &'a CausalMasks,
+    },
+    /// One flattened row; every layer derives the boundaries from the
+    /// `position_ids` itself (the reference system's slower variant, kept to
+    /// measure what computing them once saves).
+    VarlenPerLayer {
+        /// The batch's positions, restarting at 0 for every example.
+        position_ids: &'a [u32],
+        /// Fused or composed.
+        kernel: AttentionKernel,
+    },
+    /// `B` rows of `L` tokens, padded on the right.
+    Padded {
+        /// Rows, `B`.
+        batch_size: usize,
+        /// Padded length, `L`.
+        seq_len: usize,
+        /// Fused or composed, and what each needs.
+        kernel: PaddedAttention<'a>,
+    },
+}
+
+/// How attention over padded rows is computed.
+#[derive(Debug, Clone)]
+pub enum PaddedAttention<'a> {
+    /// The fused kernel with every row taken as one sequence of `L` tokens,
+    /// pads included. Pads sit after every real token of their row (right
+    /// padding), so causal attention never shows a real token a pad; what
+    /// the pads compute is never read by a real token nor by the loss. Pads
+    /// still cost their full share, as padding does.
+    Fused {
+        /// `B` sequences of `L` tokens.
+        rows: &'a BatchMeta,
+    },
+    /// Composed burn ops with a `[B, 1, L, L]` mask, true where a query may
+    /// not see a key (the future, or a pad); boxed, as a tensor handle is
+    /// large next to a reference.
+    Composed {
+        /// Causal and padding mask.
+        mask: Box<Tensor<4, Bool>>,
+    },
+}
+
+/// Grouped-query causal self-attention.
+#[derive(Debug, Clone)]
+pub struct Attention<'a> {
+    /// `[H * D, C]`.
+    pub(crate) q_proj: &'a Param,
+    /// `[Hkv * D, C]`.
+    pub(crate) k_proj: &'a Param,
+    /// `[Hkv * D, C]`.
+    pub(crate) v_proj: &'a Param,
+    /// `[C, H * D]`.
+    pub(crate) o_proj: &'a Param,
+    pub(crate) num_heads: usize,
+    pub(crate) num_kv_heads: usize,
+    pub(crate) head_dim: usize,
+}
+
+impl Attention<'_> {
+    /// `[N, C] -> [N, C]`.
+    pub fn forward(
+        &self,
+        x: Tensor<2>,
+        rope: &Rope,
+        layout: &AttentionLayout<'_>,
+    ) -> Result<Tensor<2>, ModelError> {
+        let n = x.dims()[0];
+        let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let q = rope.apply(linear(x.clone(), &self.q_proj.value).reshape([n, h, d]));
+        let k = rope.apply(linear(x.clone(), &self.k_proj.value).reshape([n, hkv, d]));
+        let v = linear(x, &self.v_proj.value).reshape([n, hkv, d]);
+        let context = match layout {
+            AttentionLayout::Varlen {
+                meta,
+                kernel: AttentionKernel::Fused,
+                ..
+            } => self.fused(q, k, v, meta)?,
+            AttentionLayout::Varlen {
+                meta,
+                kernel: AttentionKernel::Composed,
+                masks,
+            } => self.heads_joined(composed_varlen_attention(q, k, v, meta, masks)),
+            AttentionLayout::VarlenPerLayer {
+                position_ids,
+                kernel,
+            } => {
+                // Everything the collator would have handed over, derived again here.
+                let meta = BatchMeta::derive_from_position_ids(position_ids).map_err(|source| {
+                    ModelError::Pack {
+                        what: "position_ids",
+                        source,
+                    }
+                })?;
+                match kernel {
+                    AttentionKernel::Fused => self.fused(q, k, v, &meta)?,
+                    AttentionKernel::Composed => {
+                        let masks = CausalMasks::new(meta.seq_lens(), &q.device());
+                        self.heads_joined(composed_varlen_attention(q, k, v, &meta, &masks))
+                    }
+                }
+            }
+            AttentionLayout::Padded {
+                kernel: PaddedAttention::Fused { rows },
+                ..
+            } => self.fused(q, k, v, rows)?,
+            AttentionLayout::Padded {
+                batch_size,
+                seq_len,
+                kernel: PaddedAttention::Composed { mask },
+            } => self.heads_joined(composed_padded_attention(
+                q,
+                k,
+                v,
+                *batch_size,
+                *seq_len,
+                (**mask).clone(),
+            )),
+        };
+        Ok(linear(context, &self.o_proj.value))
+    }
+
+    /// The fused kernel: every example of the batch in one call.
+    ///
+    /// `q`: `[T, H, D]`, `k`, `v`: `[T, Hkv, D]` -> `[T, H * D]`.
+    fn fused(
+        &self,
+        q: Tensor<3>,
+        k: Tensor<3>,
+        v: Tensor<3>,
+        meta: &BatchMeta,
+    ) -> Result<Tensor<2>, ModelError> {
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let context = varlen_attention(q, k, v, meta.cu_seqlens_shared(), scale)?;
+        Ok(self.heads_joined(context))
+    }
+
+    /// `[N, H, D] -> [N, H * D]`.
+    fn heads_joined(&self, context: Tensor<3>) -> Tensor<2> {
+        let rows = context.dims()[0];
+        context.reshape([rows, self.num_heads * self.head_dim])
+    }
+}

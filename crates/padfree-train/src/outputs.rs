@@ -1,0 +1,107 @@
+//! The run's own files in the output directory, beside the checkpoints:
+//! `metrics.jsonl` (one line per log step), `trainer_state.json` and
+//! `train_results.json` of the finished run, and the loss plot `loss.png`.
+//! Each takes the values it writes; nothing here imports the trainer.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::checkpoint::{STATE_FILE, remove_stale_temporaries, to_json, write_atomically};
+use crate::error::TrainError;
+use crate::metrics::{LogRecord, TrainSummary};
+use crate::state::TrainerState;
+
+/// One JSON line per log step.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+/// The loss curve.
+pub const LOSS_PLOT_FILE: &str = "loss.png";
+/// The end-of-training summary.
+pub const RESULTS_FILE: &str = "train_results.json";
+
+/// Makes sure `dir` can take a new run's output: created if missing; a
+/// non-empty directory only with `overwrite` (or when resuming into it).
+pub fn prepare_output_dir(dir: &Path, overwrite: bool, resuming: bool) -> Result<(), TrainError> {
+    std::fs::create_dir_all(dir).map_err(|err| TrainError::io(dir, err))?;
+    let mut entries = std::fs::read_dir(dir).map_err(|err| TrainError::io(dir, err))?;
+    if entries.next().is_some() && !overwrite && !resuming {
+        return Err(TrainError::Config {
+            flag: "output-dir",
+            message: format!("{} exists and is not empty", dir.display()),
+            hint: "pass --overwrite-output-dir, choose another --output-dir, or --resume-from-checkpoint",
+        });
+    }
+    let probe = dir.join(format!(".write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|err| TrainError::io(&probe, err))?;
+    std::fs::remove_file(&probe).map_err(|err| TrainError::io(&probe, err))?;
+    remove_stale_temporaries(dir)
+}
+
+/// `metrics.jsonl` as the log history says, so a resumed run's file holds
+/// exactly the lines up to its checkpoint.
+pub fn rewrite_metrics(dir: &Path, log_history: &[LogRecord]) -> Result<(), TrainError> {
+    let mut text = String::new();
+    for record in log_history {
+        text.push_str(&serde_json::to_string(record).unwrap_or_default());
+        text.push('\n');
+    }
+    write_atomically(&dir.join(METRICS_FILE), text.as_bytes())
+}
+
+/// Appends one log line to `metrics.jsonl`.
+pub fn append_metrics(dir: &Path, record: &LogRecord) -> Result<(), TrainError> {
+    let path = dir.join(METRICS_FILE);
+    let mut line = serde_json::to_string(record).unwrap_or_default();
+    line.push('\n');
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&path)
+        .map_err(|err| TrainError::io(&path, err))?;
+    // One write per line: an interruption loses at most the line being written.
+    file.write_all(line.as_bytes())
+        .map_err(|err| TrainError::io(&path, err))
+}
+
+/// The finished run's state, results and loss plot (the final model is
+/// written beside them by the checkpointer's `write_model_files`).
+pub fn write_final_reports(
+    dir: &Path,
+    state: &TrainerState,
+    summary: &TrainSummary,
+) -> Result<(), TrainError> {
+    write_atomically(&dir.join(STATE_FILE), &to_json(state))?;
+    write_atomically(&dir.join(RESULTS_FILE), &to_json(summary))?;
+    let png = loss_plot(state).map_err(|message| TrainError::Checkpoint {
+        path: dir.join(LOSS_PLOT_FILE),
+        message,
+        hint: "this is a bug in padfree; please report it".into(),
+    })?;
+    write_atomically(&dir.join(LOSS_PLOT_FILE), &png)
+}
+
+fn loss_plot(state: &TrainerState) -> Result<Vec<u8>, String> {
+    let steps = padfree_plot::Series {
+        label: "step loss".into(),
+        points: state
+            .step_losses
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| ((i + 1) as f64, l))
+            .collect(),
+    };
+    let logged = padfree_plot::Series {
+        label: "logged mean".into(),
+        points: state
+            .log_history
+            .iter()
+            .map(|r| (r.step as f64, r.loss))
+            .collect(),
+    };
+    let title = format!("training loss ({})", state.config.attention.name());
+    padfree_plot::line_chart_png(
+        &title,
+        "optimizer step",
+        "loss (nats/token)",
+        &[steps, logged],
+    )
+}
