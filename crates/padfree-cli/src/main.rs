@@ -2,8 +2,10 @@
 //!
 //! `args/` holds every command's flags: clap parses them into plain values,
 //! then `validate` turns them into a typed job once. `commands/` runs the
-//! jobs. `clock.rs` names run directories and dates reports.
+//! jobs. `clock.rs` names run directories and dates reports;
+//! `allocator.rs` keeps glibc's malloc from returning memory between steps.
 
+mod allocator;
 mod args;
 mod clock;
 mod commands;
@@ -11,6 +13,7 @@ mod commands;
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    allocator::tune();
     let cli = args::Cli::parse();
     let result = match cli.command {
         args::Command::Pack(pack_args) => pack_args

@@ -19,6 +19,7 @@
 //! - [`weights`]: the parameter table (HF name, shape, GGUF name), safetensors
 //!   in and out, [`gguf`] in (with its tokenizer).
 //! - [`tensor`]: the thin wrapper over burn's tensor API.
+//! - [`flops`]: model FLOPs of a training step and the machine's peak (MFU).
 //!
 //! Modules depend one way: `tensor` <- `kernels` <- `layers` <- `model`;
 //! `config` <- `weights` <- `model`; nothing imports `model` back.
@@ -30,6 +31,7 @@
 
 mod config;
 mod error;
+pub mod flops;
 mod input;
 pub mod kernels;
 pub mod layers;

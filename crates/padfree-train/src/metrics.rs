@@ -23,6 +23,8 @@ pub struct StepMetrics {
     pub fed_tokens: usize,
     /// Tokens that carried loss.
     pub label_tokens: usize,
+    /// Sum over the window's examples of the squared length (attention work).
+    pub sum_squared_lengths: u64,
     /// Wall time of the step.
     pub seconds: f64,
 }

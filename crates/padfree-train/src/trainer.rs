@@ -277,6 +277,11 @@ impl Trainer {
             .flatten()
             .map(Example::num_loss_tokens)
             .sum();
+        let sum_squared_lengths: u64 = micro_batches
+            .iter()
+            .flatten()
+            .map(|example| (example.len() as u64).pow(2))
+            .sum();
         // Empty until the first micro-batch's gradient moves in.
         let mut grads: Vec<Vec<f32>> = vec![Vec::new(); self.model.params().len()];
         let (mut loss_sum, mut real_tokens, mut fed_tokens, mut examples) = (0.0, 0, 0, 0);
@@ -325,6 +330,7 @@ impl Trainer {
             real_tokens,
             fed_tokens,
             label_tokens,
+            sum_squared_lengths,
             seconds: started.elapsed().as_secs_f64(),
         })
     }

@@ -15,7 +15,7 @@ pub struct BenchArgs {
     /// A model to benchmark: an HF directory or a .gguf file (default: --config).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// A preset (tiny, small) or config.json, randomly initialised.
+    /// A preset (tiny, small, medium) or config.json, randomly initialised.
     #[arg(long, default_value = "small")]
     pub config: String,
     /// tokenizer.json or .gguf (default: the model's, or the shipped one).

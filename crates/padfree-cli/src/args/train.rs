@@ -34,7 +34,7 @@ pub struct TrainArgs {
     /// safetensors) or a .gguf file.
     #[arg(long, conflicts_with = "config")]
     pub model: Option<PathBuf>,
-    /// Train from random initialisation: a preset (tiny, small) or a config.json.
+    /// Train from random initialisation: a preset (tiny, small, medium) or a config.json.
     #[arg(long)]
     pub config: Option<String>,
     /// tokenizer.json (with tokenizer_config.json beside it) or a .gguf file.

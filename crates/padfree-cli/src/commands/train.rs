@@ -197,7 +197,10 @@ fn load_model(job: &TrainJob) -> anyhow::Result<LlamaModel> {
                 Some(config) => config,
                 None if Path::new(name).is_file() => LlamaConfig::from_hf_file(Path::new(name))?,
                 None => {
-                    bail!("--config {name}: neither a preset (tiny, small) nor a config.json file")
+                    bail!(
+                        "--config {name}: neither a preset ({}) nor a config.json file",
+                        LlamaConfig::PRESETS.join(", ")
+                    )
                 }
             };
             LlamaModel::init(&config, job.train.seed, &device)?

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
+use padfree_model::flops::{StepWork, training_flops};
 use padfree_train::checkpoint::write_atomically;
 use padfree_train::{AttentionMode, Trainer, peak_memory_bytes};
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,11 @@ pub struct ModeResult {
     pub peak_memory_bytes: Option<u64>,
     pub final_loss: f64,
     pub step_losses: Vec<f64>,
+    /// Model FLOPs of the timed steps (`padfree_model::flops`); the same
+    /// batches give the same count in every mode, so rows that lack it (the
+    /// HF peer's) take it from a padfree row.
+    #[serde(default)]
+    pub model_flops: Option<f64>,
 }
 
 impl BenchJob {
@@ -92,6 +98,18 @@ pub fn run(args: &BenchJob) -> anyhow::Result<()> {
         Some(python) => Some((python.as_path(), peer::export(args, &output_dir)?)),
         None => None,
     };
+    let peak = measure_peak(args.threads)?;
+    println!(
+        "calibration: a {CALIBRATION_SIZE}x{CALIBRATION_SIZE} f32 matmul through burn's Flex backend runs at {:.1} GFLOP/s on {} threads{}",
+        peak.calibrated_gflops,
+        args.threads,
+        peak.theoretical
+            .as_ref()
+            .map_or_else(String::new, |t| format!(
+                "; theoretical peak {:.1} GFLOP/s ({})",
+                t.gflops, t.what
+            ))
+    );
     let mut runs = Vec::new();
     for round in 1..=args.repeats {
         if args.repeats > 1 {
@@ -106,7 +124,7 @@ pub fn run(args: &BenchJob) -> anyhow::Result<()> {
             }
         }
     }
-    let report = Report::new(args, runs);
+    let report = Report::new(args, runs, peak);
     println!("\n{}", report.table());
     println!("{}", report.findings());
     report.write(&output_dir)?;
@@ -115,6 +133,46 @@ pub fn run(args: &BenchJob) -> anyhow::Result<()> {
         output_dir.display()
     );
     Ok(())
+}
+
+/// Side of the calibration matmul: large enough for gemm's best blocking.
+const CALIBRATION_SIZE: usize = 1024;
+
+/// The peaks MFU is measured against.
+#[derive(Debug, Clone, Serialize)]
+pub struct Peak {
+    /// The calibration matmul's GFLOP/s on the benchmark's threads.
+    pub calibrated_gflops: f64,
+    /// Cores x clock x FLOPs per cycle, where the CPU says.
+    pub theoretical: Option<TheoreticalPeak>,
+}
+
+/// The theoretical peak and how it was computed.
+#[derive(Debug, Clone, Serialize)]
+pub struct TheoreticalPeak {
+    pub gflops: f64,
+    pub what: String,
+}
+
+/// Calibrates on a pool of `threads` threads, as every run gets.
+fn measure_peak(threads: usize) -> anyhow::Result<Peak> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("starting the calibration threads")?;
+    let calibrated_gflops =
+        pool.install(|| padfree_model::flops::calibrate_matmul_gflops(CALIBRATION_SIZE, 5));
+    let theoretical = padfree_model::flops::CpuPeak::detect().map(|cpu| TheoreticalPeak {
+        gflops: cpu.gflops(threads),
+        what: format!(
+            "{threads} cores x {:.2} GHz x {} f32 FLOPs/cycle ({}, 2 FMA units)",
+            cpu.ghz, cpu.flops_per_cycle, cpu.vector_isa
+        ),
+    });
+    Ok(Peak {
+        calibrated_gflops,
+        theoretical,
+    })
 }
 
 /// One padfree mode in a child process.
@@ -159,6 +217,8 @@ fn run_child(args: &BenchJob, mode: AttentionMode, result: &Path) -> anyhow::Res
 fn timed_run(args: &BenchJob, mode: AttentionMode, scratch: &Path) -> anyhow::Result<ModeResult> {
     let job = args.train_job(mode)?;
     let loaded = train::load(&job)?;
+    let config = loaded.model.config().clone();
+    let mut model_flops = 0.0;
     let mut trainer = Trainer::new(
         loaded.model,
         loaded.dataset.examples,
@@ -176,6 +236,14 @@ fn timed_run(args: &BenchJob, mode: AttentionMode, scratch: &Path) -> anyhow::Re
             real += metrics.real_tokens;
             fed += metrics.fed_tokens;
             samples += metrics.examples;
+            model_flops += training_flops(
+                &config,
+                StepWork {
+                    real_tokens: metrics.real_tokens,
+                    sum_squared_lengths: metrics.sum_squared_lengths,
+                    label_tokens: metrics.label_tokens,
+                },
+            );
         }
     }
     let runtime = f64::max(seconds, 1e-9);
@@ -193,6 +261,7 @@ fn timed_run(args: &BenchJob, mode: AttentionMode, scratch: &Path) -> anyhow::Re
         peak_memory_bytes: peak_memory_bytes(),
         final_loss: step_losses.last().copied().unwrap_or(f64::NAN),
         step_losses,
+        model_flops: Some(model_flops),
     };
     Ok(outcome)
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use padfree_train::checkpoint::write_atomically;
 use serde::Serialize;
 
-use super::ModeResult;
+use super::{ModeResult, Peak};
 use crate::args::BenchJob;
 use crate::clock::utc_timestamp;
 
@@ -31,6 +31,8 @@ pub(super) struct Report {
     command: String,
     threads: String,
     repeats: u32,
+    /// What MFU is measured against.
+    peak: Peak,
     /// Each mode's median run, in the order the modes first ran.
     results: Vec<ModeResult>,
     /// Every run, in the order they ran.
@@ -38,14 +40,20 @@ pub(super) struct Report {
 }
 
 impl Report {
-    pub(super) fn new(args: &BenchJob, runs: Vec<ModeResult>) -> Self {
+    pub(super) fn new(args: &BenchJob, mut runs: Vec<ModeResult>, peak: Peak) -> Self {
         let command = std::env::args().collect::<Vec<_>>().join(" ");
+        // Every run trains on the same batches: one count serves all.
+        let model_flops = runs.iter().find_map(|r| r.model_flops);
+        for run in &mut runs {
+            run.model_flops = run.model_flops.or(model_flops);
+        }
         Self {
             date: utc_timestamp(),
             machine: machine_description(),
             command,
             threads: args.threads.to_string(),
             repeats: args.repeats,
+            peak,
             results: medians(&runs),
             runs,
         }
@@ -76,9 +84,11 @@ impl Report {
         };
         let mut lines = vec![
             format!(
-                "| mode | train runtime | real tokens/s |{range_head} fed tokens/s | padding | samples/s | peak memory | final loss |"
+                "| mode | train runtime | real tokens/s |{range_head} fed tokens/s | padding | samples/s | peak memory | model GFLOP/s | MFU vs calibration | MFU vs theoretical | final loss |"
             ),
-            format!("| --- | ---: | ---: |{range_rule} ---: | ---: | ---: | ---: | ---: |"),
+            format!(
+                "| --- | ---: | ---: |{range_rule} ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            ),
         ];
         for r in &self.results {
             let memory = r.peak_memory_bytes.map_or_else(
@@ -90,8 +100,13 @@ impl Report {
             } else {
                 String::new()
             };
+            let gflops = self.model_gflops(r);
+            let percent = |peak: Option<f64>| match (gflops, peak) {
+                (Some(achieved), Some(peak)) => format!("{:.1}%", 100.0 * achieved / peak),
+                _ => "n/a".to_owned(),
+            };
             lines.push(format!(
-                "| {} | {:.1} s | {:.0} |{range} {:.0} | {:.1}% | {:.2} | {} | {:.6} |",
+                "| {} | {:.1} s | {:.0} |{range} {:.0} | {:.1}% | {:.2} | {} | {} | {} | {} | {:.6} |",
                 label(&r.mode),
                 r.train_runtime,
                 r.real_tokens_per_second,
@@ -99,10 +114,19 @@ impl Report {
                 100.0 * r.padding_fraction,
                 r.samples_per_second,
                 memory,
+                gflops.map_or_else(|| "n/a".to_owned(), |g| format!("{g:.1}")),
+                percent(Some(self.peak.calibrated_gflops)),
+                percent(self.peak.theoretical.as_ref().map(|t| t.gflops)),
                 r.final_loss
             ));
         }
         lines.join("\n")
+    }
+
+    /// Achieved model GFLOP/s of a run.
+    fn model_gflops(&self, run: &ModeResult) -> Option<f64> {
+        run.model_flops
+            .map(|flops| flops / run.train_runtime.max(1e-9) / 1e9)
     }
 
     pub(super) fn findings(&self) -> String {
@@ -164,12 +188,25 @@ impl Report {
         out.join("\n")
     }
 
+    /// What MFU is measured against, in words.
+    fn peak_line(&self) -> String {
+        let theoretical = self.peak.theoretical.as_ref().map_or_else(
+            || "theoretical peak unknown on this CPU".to_owned(),
+            |t| format!("theoretical peak {:.1} GFLOP/s ({})", t.gflops, t.what),
+        );
+        format!(
+            "Peaks for MFU: calibration matmul (1024x1024x1024 f32 through burn's Flex backend, best of 5) {:.1} GFLOP/s; {theoretical}. Model FLOPs: 6 x layer matmul parameters x real tokens + 6 x V x C x labelled rows + 6 x layers x H x D x sum of squared example lengths (docs/model.md, \"Model FLOPs and MFU\").",
+            self.peak.calibrated_gflops
+        )
+    }
+
     pub(super) fn write(&self, dir: &Path) -> anyhow::Result<()> {
         let markdown = format!(
-            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process from the same initial weights on the same batches; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n\nPer-step losses are in bench.json.\n",
+            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\n{}\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process from the same initial weights on the same batches; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n\nPer-step losses are in bench.json.\n",
             self.date,
             self.machine,
             self.command,
+            self.peak_line(),
             self.threads,
             self.repeats,
             self.table(),
@@ -251,6 +288,7 @@ mod tests {
             peak_memory_bytes: None,
             final_loss: 1.0,
             step_losses: vec![1.0],
+            model_flops: None,
         }
     }
 

@@ -1,0 +1,63 @@
+//! Keeps glibc's malloc from handing freed memory back to the kernel.
+//!
+//! A training step allocates and frees buffers of many megabytes
+//! (activations, gradients, kernel outputs). By default glibc serves each
+//! from a fresh `mmap` and unmaps it on free, so the next step page-faults
+//! every page in again: on `medium` that was 2.4 million page faults in
+//! 8 steps and about a fifth of the step time
+//! (docs/benchmarks/2026-11-30-real-sizes.md). With the tunables below the
+//! memory is kept in malloc's heap and reused; the resident high-water mark
+//! is the same, but the memory is returned only at exit.
+//!
+//! glibc reads its tunables from the environment before `main` runs, and
+//! setting them from Rust would take `unsafe` (`mallopt`), which this
+//! workspace forbids. So the binary re-executes itself once with
+//! `GLIBC_TUNABLES` set: one `exec` at start-up, the same process id.
+//! `PADFREE_MALLOC=system` turns this off; tunables the user set for malloc
+//! are left alone.
+
+use std::ffi::OsString;
+
+/// Set to `tuned` in the re-executed process, `system` by a user to opt out.
+const MARKER: &str = "PADFREE_MALLOC";
+
+/// No `mmap` per allocation (threshold 4 GiB), never trim the heap (64 GiB),
+/// grow it 256 MiB at a time.
+const TUNABLES: &str = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736:glibc.malloc.top_pad=268435456";
+
+/// Re-executes this binary with the tunables set, unless that was done, the
+/// user opted out or set malloc tunables, or this is not glibc on Linux.
+/// Returns (and runs untuned) if the `exec` fails.
+pub fn tune() {
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) || std::env::var_os(MARKER).is_some() {
+        return;
+    }
+    let existing = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if existing.contains("glibc.malloc.") {
+        return;
+    }
+    let tunables = if existing.is_empty() {
+        TUNABLES.to_owned()
+    } else {
+        format!("{existing}:{TUNABLES}")
+    };
+    reexec(tunables);
+}
+
+#[cfg(unix)]
+fn reexec(tunables: String) {
+    use std::os::unix::process::CommandExt;
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    // `exec` returns only if it failed; then this process carries on as is.
+    let _failed = std::process::Command::new(exe)
+        .args(args)
+        .env(MARKER, "tuned")
+        .env("GLIBC_TUNABLES", tunables)
+        .exec();
+}
+
+#[cfg(not(unix))]
+fn reexec(_tunables: String) {}
