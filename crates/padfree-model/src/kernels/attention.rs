@@ -33,6 +33,7 @@ use padfree_pack::BatchMeta;
 use rayon::prelude::*;
 
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use super::simd::{self, axpy, dot};
 use crate::tensor::{Bool, Device, Tensor, cat, causal_mask, mask_fill, narrow, softmax_last};
 
 // ---- the differentiable burn op ----
@@ -183,7 +184,10 @@ pub fn forward(
     longest_first(&mut jobs, |job| job.1);
     jobs.into_par_iter().for_each(|(start, len, out, lse)| {
         let example = Example::new(q, k, v, start, len, dims);
-        example.forward(scale, out, lse);
+        simd::dispatch(
+            #[inline(always)]
+            || example.forward(scale, out, lse),
+        );
     });
     ForwardOutput { out, lse }
 }
@@ -233,7 +237,10 @@ pub fn backward(
             lse: &lse[start * dims.num_heads..(start + len) * dims.num_heads],
             d_out: &d_out[start * dims.q_row()..(start + len) * dims.q_row()],
         };
-        example.backward(scale, &saved, Grads { dq, dk, dv });
+        simd::dispatch(
+            #[inline(always)]
+            || example.backward(scale, &saved, Grads { dq, dk, dv }),
+        );
     });
     BackwardOutput { dq, dk, dv }
 }
@@ -313,11 +320,14 @@ impl<'a> Example<'a> {
     }
 
     /// Row `i`, head `h` of a `[len, heads, D]` block.
+    #[inline(always)]
     fn head<'s>(&self, block: &'s [f32], heads: usize, i: usize, h: usize) -> &'s [f32] {
         let d = self.dims.head_dim;
         &block[(i * heads + h) * d..(i * heads + h + 1) * d]
     }
 
+    /// Inlined into `simd::dispatch`, so compiled for the CPU's vector set.
+    #[inline(always)]
     fn forward(&self, scale: f32, out: &mut [f32], lse: &mut [f32]) {
         let AttentionDims {
             num_heads,
@@ -336,7 +346,7 @@ impl<'a> Example<'a> {
                 let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0.0;
                 for score in row.iter_mut() {
-                    *score = (*score - max).exp();
+                    *score = simd::exp(*score - max);
                     sum += *score;
                 }
                 let offset = (i * num_heads + h) * head_dim;
@@ -351,6 +361,8 @@ impl<'a> Example<'a> {
         }
     }
 
+    /// Inlined into `simd::dispatch`, so compiled for the CPU's vector set.
+    #[inline(always)]
     fn backward(&self, scale: f32, saved: &Saved<'_>, grads: Grads<'_>) {
         let AttentionDims {
             num_heads,
@@ -370,7 +382,8 @@ impl<'a> Example<'a> {
                 let lse = saved.lse[i * num_heads + h];
                 let row = &mut probs[..=i];
                 for (j, p) in row.iter_mut().enumerate() {
-                    *p = (dot(query, self.head(self.k, num_kv_heads, j, kv)) * scale - lse).exp();
+                    *p =
+                        simd::exp(dot(query, self.head(self.k, num_kv_heads, j, kv)) * scale - lse);
                 }
                 let offset = (i * num_heads + h) * head_dim;
                 for (j, &p) in row.iter().enumerate() {
@@ -388,34 +401,6 @@ impl<'a> Example<'a> {
                 }
             }
         }
-    }
-}
-
-/// Dot product in eight independent lanes, so it vectorises without
-/// reassociating a single running sum.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a_chunks.zip(b_chunks) {
-        for lane in 0..8 {
-            lanes[lane] += x[lane] * y[lane];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
-/// `y += alpha * x`.
-#[inline]
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += alpha * x;
     }
 }
 

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use crate::tensor::{Int, Tensor, gather_columns};
 
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use super::simd;
 use rayon::prelude::*;
 
 // ---- the differentiable burn op ----
@@ -120,9 +121,14 @@ pub fn backward(
         .for_each(|((d_rows, rows), (targets, lse))| {
             let rows = d_rows.chunks_exact_mut(vocab).zip(rows.chunks_exact(vocab));
             for ((d_row, row), (&target, &lse)) in rows.zip(targets.iter().zip(lse)) {
-                for (d, &x) in d_row.iter_mut().zip(row) {
-                    *d = d_loss * (x - lse).exp();
-                }
+                simd::dispatch(
+                    #[inline(always)]
+                    || {
+                        for (d, &x) in d_row.iter_mut().zip(row) {
+                            *d = d_loss * simd::exp(x - lse);
+                        }
+                    },
+                );
                 d_row[target] -= d_loss;
             }
         });
@@ -131,9 +137,13 @@ pub fn backward(
 
 /// `max + ln(sum(exp(x - max)))`, the maximum subtracted for stability.
 fn log_sum_exp(row: &[f32]) -> f32 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = row.iter().map(|&x| (x - max).exp()).sum();
-    max + sum.ln()
+    simd::dispatch(
+        #[inline(always)]
+        || {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            max + simd::sum_exp(row, max).ln()
+        },
+    )
 }
 
 // ---- the composed oracle (burn ops) ----

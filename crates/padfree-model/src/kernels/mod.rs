@@ -5,6 +5,9 @@
 //! (llm.c keeps a kernel with its CPU reference; candle-nn's `attention/`
 //! keeps the unfused reference beside the fused one).
 //!
+//! `simd.rs` runs kernel bodies compiled for the CPU's best vector set
+//! (chosen at run time) and holds their vectorisable `exp`, `dot`, `axpy`.
+//!
 //! `host_op.rs` is the one generic layer that enters a host kernel into
 //! burn's autodiff graph (backend-extension API), for plain autodiff and
 //! gradient checkpointing; the kernels themselves know nothing of burn's
@@ -14,6 +17,7 @@ mod attention;
 mod cross_entropy;
 mod host_op;
 mod rms_norm;
+mod simd;
 mod swiglu;
 
 pub use attention::{

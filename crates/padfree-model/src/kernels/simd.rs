@@ -1,0 +1,119 @@
+//! Run-time SIMD for the host kernels, without `unsafe`.
+//!
+//! A kernel body runs inside [`dispatch`], which calls it from a function
+//! compiled for the best instruction set this CPU has (AVX-512 or AVX2+FMA
+//! on x86-64, through `pulp::Arch`, already in the tree for gemm); the body
+//! and the helpers here are `#[inline(always)]`, so LLVM vectorises them for
+//! that set. The binary itself stays built for baseline x86-64 and runs on
+//! every machine.
+//!
+//! Results do not depend on the instruction set: Rust never fuses a multiply
+//! and an add on its own, and every sum here has a fixed order (eight
+//! independent lanes, then the lanes in order), so an AVX-512 machine and an
+//! AVX2 one compute the same bits.
+
+/// Runs `body` compiled for the best instruction set available.
+#[inline(always)]
+pub(crate) fn dispatch<R>(body: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(body)
+}
+
+/// `e^x` in f32 without a libm call, so that loops of it vectorise:
+/// Cody-Waite reduction `x = n ln 2 + r`, `|r| <= ln 2 / 2`, Cephes' degree-6
+/// polynomial for `e^r` (relative error about 1e-7), and `2^n` from the
+/// exponent bits. Inputs are clamped to the normal range: below about -87.3
+/// it returns the smallest normal (~1.2e-38) instead of a subnormal or 0.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer
+    // (no `round` call, which baseline x86-64 has no instruction for).
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.33, 88.72);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4_f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let e_r = p * r * r + r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    e_r * scale
+}
+
+/// Dot product in eight independent lanes, so it vectorises without
+/// reassociating a single running sum.
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a_chunks.zip(b_chunks) {
+        for lane in 0..8 {
+            lanes[lane] += x[lane] * y[lane];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `y += alpha * x`.
+#[inline(always)]
+pub(crate) fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}
+
+/// `sum(e^(x - shift))` over `row`, in eight lanes (vectorised exp and sum).
+#[inline(always)]
+pub(crate) fn sum_exp(row: &[f32], shift: f32) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|&x| exp(x - shift)).sum();
+    for chunk in chunks {
+        for lane in 0..8 {
+            lanes[lane] += exp(chunk[lane] - shift);
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_matches_the_library_to_a_few_ulps() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let ours = f64::from(exp(x));
+            let exact = f64::from(x).exp();
+            worst = worst.max((ours - exact).abs() / exact);
+            x += 0.013;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst:e}");
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(-1000.0) < 1.2e-38 && exp(-1000.0) > 0.0);
+        assert!(exp(f32::MIN) >= 0.0);
+    }
+
+    #[test]
+    fn dispatched_code_computes_what_plain_code_does() {
+        let a: Vec<f32> = (0..67).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..67).map(|i| (i as f32 * 0.11).cos()).collect();
+        let plain = (dot(&a, &b), sum_exp(&a, 0.5));
+        let dispatched = dispatch(|| (dot(&a, &b), sum_exp(&a, 0.5)));
+        assert_eq!(plain.0.to_bits(), dispatched.0.to_bits());
+        assert_eq!(plain.1.to_bits(), dispatched.1.to_bits());
+    }
+}
