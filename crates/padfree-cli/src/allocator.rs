@@ -20,6 +20,9 @@ use std::ffi::OsString;
 
 /// Set to `tuned` in the re-executed process, `system` by a user to opt out.
 const MARKER: &str = "PADFREE_MALLOC";
+/// The user's own `GLIBC_TUNABLES`, if any, kept for child processes that
+/// are not padfree (the HF peer of `padfree bench`).
+const USER_TUNABLES: &str = "PADFREE_USER_GLIBC_TUNABLES";
 
 /// No `mmap` per allocation (threshold 4 GiB), never trim the heap (64 GiB),
 /// grow it 256 MiB at a time.
@@ -52,11 +55,29 @@ fn reexec(tunables: String) {
     };
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     // `exec` returns only if it failed; then this process carries on as is.
-    let _failed = std::process::Command::new(exe)
+    let mut command = std::process::Command::new(exe);
+    command
         .args(args)
         .env(MARKER, "tuned")
-        .env("GLIBC_TUNABLES", tunables)
-        .exec();
+        .env("GLIBC_TUNABLES", tunables);
+    if let Some(user) = std::env::var_os("GLIBC_TUNABLES") {
+        command.env(USER_TUNABLES, user);
+    }
+    let _failed = command.exec();
+}
+
+/// Gives a child that is not padfree the environment the user started
+/// padfree with: without the malloc tunables padfree set for itself. A
+/// benchmark peer must run as its users run it, not with padfree's tuning.
+pub fn user_environment(command: &mut std::process::Command) {
+    if std::env::var(MARKER).as_deref() != Ok("tuned") {
+        return;
+    }
+    command.env_remove(MARKER).env_remove(USER_TUNABLES);
+    match std::env::var_os(USER_TUNABLES) {
+        Some(user) => command.env("GLIBC_TUNABLES", user),
+        None => command.env_remove("GLIBC_TUNABLES"),
+    };
 }
 
 #[cfg(not(unix))]

@@ -389,3 +389,68 @@ fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
         assert!((a - b).abs() <= 1e-4 * b.abs(), "padded {a} vs varlen {b}");
     }
 }
+
+/// The HF peer runs in the user's environment: without the malloc tunables
+/// padfree sets for itself (that would tune the peer too), with the user's
+/// own. A stand-in "python" records its environment and answers as the
+/// peer script does.
+#[test]
+fn the_peer_runs_without_padfrees_malloc_tuning() {
+    let dir_guard = scratch("peer-env");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
+    let data = dir.join("train.jsonl");
+    std::fs::write(&data, first_records(8)).expect("write data");
+    let env_log = dir.join("peer-env.txt");
+    let fake_python = dir.join("python");
+    let result = r#"{"mode":"hf-x","timed_steps":1,"train_runtime":1.0,"real_tokens":1,"fed_tokens":1,"samples":1,"real_tokens_per_second":1.0,"fed_tokens_per_second":1.0,"samples_per_second":1.0,"padding_fraction":0.0,"peak_memory_bytes":null,"final_loss":1.0,"step_losses":[1.0,1.0]}"#;
+    std::fs::write(
+        &fake_python,
+        format!(
+            "#!/bin/sh\nenv > '{}'\nwhile [ $# -gt 0 ]; do if [ \"$1\" = --out ]; then echo '{result}' > \"$2\"; fi; shift; done\n",
+            env_log.display()
+        ),
+    )
+    .expect("write the stand-in");
+    let made_executable = Command::new("chmod")
+        .arg("+x")
+        .arg(&fake_python)
+        .status()
+        .expect("chmod");
+    assert!(made_executable.success());
+    let out = dir.join("out");
+    let output = Command::new(env!("CARGO_BIN_EXE_padfree"))
+        .args([
+            "bench",
+            "--config",
+            &config,
+            "--data",
+            &data.display().to_string(),
+            "--modes",
+            "varlen",
+            "--max-steps",
+            "1",
+            "--timing-warmup-steps",
+            "1",
+            "--threads",
+            "1",
+            "--peer-python",
+            &fake_python.display().to_string(),
+            "--output-dir",
+            &out.display().to_string(),
+        ])
+        .env("GLIBC_TUNABLES", "glibc.cpu.x86_rep_movsb_threshold=4096")
+        .env_remove("PADFREE_MALLOC")
+        .output()
+        .expect("run padfree");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let env = std::fs::read_to_string(&env_log).expect("the peer ran");
+    assert!(!env.contains("PADFREE_MALLOC"), "{env}");
+    assert!(
+        env.lines()
+            .any(|line| line == "GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=4096"),
+        "the user's tunables, alone:\n{env}"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("MFU vs calibration"), "{stdout}");
+}

@@ -93,7 +93,10 @@ pub(super) fn run_mode(
     let script = repository().join("bench/hf_peer/hf_peer.py");
     println!("running HF transformers, {mode} ...");
     let out = peer_dir.join(format!("result-{mode}.json"));
-    let output = Command::new(python)
+    let mut command = Command::new(python);
+    // HF runs in the user's environment, without padfree's malloc tuning.
+    crate::allocator::user_environment(&mut command);
+    let output = command
         .arg(&script)
         .args([
             "--peer-dir",
