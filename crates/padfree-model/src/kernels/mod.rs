@@ -6,7 +6,7 @@
 //! keeps the unfused reference beside the fused one).
 //!
 //! `simd.rs` runs kernel bodies compiled for the CPU's best vector set
-//! (chosen at run time) and holds their vectorisable `exp`, `dot`, `axpy`.
+//! (chosen at run time) and holds their vectorisable `exp`, `dot`, `sum_exp`.
 //!
 //! `host_op.rs` is the one generic layer that enters a host kernel into
 //! burn's autodiff graph (backend-extension API), for plain autodiff and

@@ -65,14 +65,6 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// `y += alpha * x`.
-#[inline(always)]
-pub(crate) fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += alpha * x;
-    }
-}
-
 /// `sum(e^(x - shift))` over `row`, in eight lanes (vectorised exp and sum).
 #[inline(always)]
 pub(crate) fn sum_exp(row: &[f32], shift: f32) -> f32 {
