@@ -126,7 +126,7 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
 
 #[test]
 fn conflicting_or_invalid_flags_are_refused() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["train", "--padding-free", "false", "--attention", "varlen"],
             "--padding-free false",
@@ -144,6 +144,10 @@ fn conflicting_or_invalid_flags_are_refused() {
             "cannot be used with",
         ),
         (&["bench", "--repeats", "0"], "--repeats"),
+        (
+            &["train", "--multipack", "--no-shuffle"],
+            "--no-shuffle: multipack",
+        ),
     ];
     for (args, expected) in cases {
         let output = padfree(args);
@@ -154,6 +158,72 @@ fn conflicting_or_invalid_flags_are_refused() {
             stderr(&output)
         );
     }
+}
+
+/// Multipack, padding-free and padded, through the binary: the plan's
+/// figures in the log, the packing efficiency in every metrics row, the
+/// same examples (same real tokens) in both modes.
+#[test]
+fn multipack_trains_padded_and_padding_free_on_the_same_bins() {
+    let dir_guard = scratch("multipack");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
+    let data = dir.join("train.jsonl");
+    std::fs::write(&data, first_records(40)).expect("write data");
+    let (config, data) = (config.as_str(), data.display().to_string());
+    let mut real_tokens = Vec::new();
+    for padding_free in ["true", "false"] {
+        let out = dir.join(padding_free).display().to_string();
+        let output = padfree(&[
+            "train",
+            "--config",
+            config,
+            "--data",
+            &data,
+            "--multipack",
+            "--max-tokens-per-batch",
+            "600",
+            "--multipack-balance",
+            "attention",
+            "--padding-free",
+            padding_free,
+            "--max-steps",
+            "4",
+            "--logging-steps",
+            "1",
+            "--save-strategy",
+            "no",
+            "--output-dir",
+            &out,
+        ]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout
+                .contains("multipack (best-fit decreasing, balance attention): bins of 600 tokens"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("packing efficiency"), "{stdout}");
+        let metrics =
+            std::fs::read_to_string(Path::new(&out).join("metrics.jsonl")).expect("metrics");
+        let rows: Vec<serde_json::Value> = metrics
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        assert_eq!(rows.len(), 4);
+        for row in &rows {
+            let efficiency = row["packing_efficiency"]
+                .as_f64()
+                .expect("packing_efficiency");
+            assert!(efficiency > 0.0 && efficiency <= 1.0, "{row}");
+        }
+        let results: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(Path::new(&out).join("train_results.json")).expect("results"),
+        )
+        .expect("json");
+        real_tokens.push(results["real_tokens"].as_u64().expect("real_tokens"));
+    }
+    assert_eq!(real_tokens[0], real_tokens[1]);
 }
 
 #[test]

@@ -203,9 +203,10 @@ pub fn check_bins_hold_each_example_once(
     ensure(seen.iter().all(|&s| s), || "an example was lost".into())
 }
 
-/// Every bin dealt exactly once, one bin per rank per step, empty slots only
-/// in one step, and the ranks' totals of the balanced cost within one bin's
-/// cost of each other (the bound of the longest-processing-time rule).
+/// Every bin dealt exactly once, at most `A` bins per rank per step, empty
+/// slots only in one step, and (with one bin per rank per step) the ranks'
+/// totals of the balanced cost within one bin's cost of each other (the
+/// bound of the longest-processing-time rule).
 pub fn check_distribution(
     bins: &[Bin],
     distribution: &Distribution,
@@ -217,7 +218,11 @@ pub fn check_distribution(
         ensure(step.len() == distribution.world_size(), || {
             "step width".into()
         })?;
-        if step.iter().any(Option::is_none) {
+        let per_rank = distribution.bins_per_rank();
+        ensure(step.iter().all(|bins| bins.len() <= per_rank), || {
+            format!("a rank holds more than {per_rank} bins in a step")
+        })?;
+        if step.iter().any(|bins| bins.len() < per_rank) {
             steps_with_gaps += 1;
         }
         for &bin in step.iter().flatten() {
@@ -241,7 +246,8 @@ pub fn check_distribution(
         ),
     };
     let spread = totals.iter().max().unwrap_or(&0) - totals.iter().min().unwrap_or(&0);
-    ensure(spread <= largest, || {
-        format!("rank totals spread {spread} > largest bin {largest}")
-    })
+    ensure(
+        distribution.bins_per_rank() > 1 || spread <= largest,
+        || format!("rank totals spread {spread} > largest bin {largest}"),
+    )
 }

@@ -22,38 +22,64 @@ impl Balance {
     }
 }
 
-/// Bins dealt to `W` data-parallel ranks, one bin per rank per step.
+/// Bins dealt to `W` data-parallel ranks, `A` bins per rank per step (one
+/// micro-batch per accumulation step).
 ///
-/// `steps()[s][r]` is the bin rank `r` trains on at step `s`, or `None` in the
-/// last step when the bins do not divide evenly (that rank contributes no
-/// tokens; a loss normalised by the global label-token count stays exact).
+/// `steps()[s][r]` holds the bins rank `r` trains on at step `s`: `A` of
+/// them, or fewer in the last step when the bins do not divide evenly (a
+/// rank may then have none and contributes no tokens; a loss normalised by
+/// the global label-token count stays exact).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Distribution {
-    steps: Vec<Vec<Option<usize>>>,
+    steps: Vec<Vec<Vec<usize>>>,
+    bins_per_rank: usize,
     rank_tokens: Vec<u64>,
     rank_attention: Vec<u64>,
     step_max: [u64; 2],
     step_sum: [u64; 2],
 }
 
-/// Deals bins to `world_size` ranks so that every rank gets an equal share of
-/// the chosen cost, over the epoch and within every step.
-///
-/// Bins are sorted by cost (largest first) and cut into steps of
-/// `world_size`, so the bins trained side by side cost about the same and no
-/// rank waits long for the slowest at each step. Within a step the largest bin
-/// goes to the rank with the least accumulated cost (longest-processing-time
-/// rule), which keeps the spread of the ranks' totals at most one bin's cost.
-/// The order of the steps is then shuffled by `seed`, so training does not see
-/// the largest bins first. Deterministic for a seed.
+/// Deals bins to `world_size` ranks, one bin per rank per step, so that
+/// every rank gets an equal share of the chosen cost, over the epoch and
+/// within every step: [`distribute_steps`] with one bin per rank.
 pub fn distribute(
     bins: &[Bin],
     world_size: usize,
     balance: Balance,
     seed: u64,
 ) -> Result<Distribution, PackError> {
+    distribute_steps(bins, world_size, 1, balance, seed)
+}
+
+/// Deals bins to `world_size` ranks, `bins_per_rank` per rank per step.
+///
+/// Bins are sorted by cost (largest first) and cut into steps of
+/// `world_size x bins_per_rank`, so the bins trained in one step cost about
+/// the same and no rank waits long for the slowest. Within a step each bin,
+/// largest first, goes to the rank with room and the least cost in this step
+/// so far, ties to the least cost over the epoch so far, then the lowest rank
+/// (longest-processing-time rule: the spread of the ranks' totals stays
+/// within one bin's cost). The order of the steps is then shuffled by
+/// `seed`, so training does not see the largest bins first. Deterministic for
+/// a seed.
+///
+/// A step holds the same bins for every `world_size` with the same product
+/// `world_size x bins_per_rank`: 2 ranks x 1 micro-batch and 1 rank x 2
+/// accumulated micro-batches train on the same bins at every step.
+pub fn distribute_steps(
+    bins: &[Bin],
+    world_size: usize,
+    bins_per_rank: usize,
+    balance: Balance,
+    seed: u64,
+) -> Result<Distribution, PackError> {
     if world_size == 0 {
         return Err(PackError::ZeroWorldSize);
+    }
+    if bins_per_rank == 0 {
+        return Err(PackError::ZeroCapacity {
+            what: "bins per rank per step",
+        });
     }
     if bins.is_empty() {
         return Err(PackError::NoExamples);
@@ -64,26 +90,41 @@ pub fn distribute(
         key(b).cmp(&key(a)).then(a.cmp(&b))
     });
 
-    let mut load = vec![0u64; world_size];
-    let mut steps: Vec<Vec<Option<usize>>> = by_cost
-        .chunks(world_size)
+    let mut epoch_load = vec![0u64; world_size];
+    let mut steps: Vec<Vec<Vec<usize>>> = by_cost
+        .chunks(world_size * bins_per_rank)
         .map(|group| {
-            let mut ranks: Vec<usize> = (0..world_size).collect();
-            ranks.sort_by_key(|&rank| (load[rank], rank));
-            let mut step = vec![None; world_size];
-            for (&bin, &rank) in group.iter().zip(&ranks) {
-                step[rank] = Some(bin);
-                load[rank] += balance.cost(&bins[bin]);
+            let mut step: Vec<Vec<usize>> = vec![Vec::new(); world_size];
+            let mut step_load = vec![0u64; world_size];
+            for &bin in group {
+                let rank = (0..world_size)
+                    .filter(|&rank| step[rank].len() < bins_per_rank)
+                    .min_by_key(|&rank| (step_load[rank], epoch_load[rank], rank))
+                    .unwrap_or(0);
+                let cost = balance.cost(&bins[bin]);
+                step[rank].push(bin);
+                step_load[rank] += cost;
+                epoch_load[rank] += cost;
             }
             step
         })
         .collect();
     SplitMix64::new(seed).shuffle(&mut steps);
-    Ok(Distribution::measure(steps, bins, world_size))
+    Ok(Distribution::measure(
+        steps,
+        bins,
+        world_size,
+        bins_per_rank,
+    ))
 }
 
 impl Distribution {
-    fn measure(steps: Vec<Vec<Option<usize>>>, bins: &[Bin], world_size: usize) -> Self {
+    fn measure(
+        steps: Vec<Vec<Vec<usize>>>,
+        bins: &[Bin],
+        world_size: usize,
+        bins_per_rank: usize,
+    ) -> Self {
         let mut rank_tokens = vec![0u64; world_size];
         let mut rank_attention = vec![0u64; world_size];
         let mut step_max = [0u64; 2];
@@ -93,14 +134,17 @@ impl Distribution {
                 .into_iter()
                 .enumerate()
             {
-                let costs = step
-                    .iter()
-                    .map(|slot| slot.map_or(0, |bin| balance.cost(&bins[bin])));
+                let costs = step.iter().map(|rank_bins| {
+                    rank_bins
+                        .iter()
+                        .map(|&bin| balance.cost(&bins[bin]))
+                        .sum::<u64>()
+                });
                 step_max[kind] += costs.clone().max().unwrap_or(0);
                 step_sum[kind] += costs.sum::<u64>();
             }
-            for (rank, slot) in step.iter().enumerate() {
-                if let Some(bin) = *slot {
+            for (rank, rank_bins) in step.iter().enumerate() {
+                for &bin in rank_bins {
                     rank_tokens[rank] += bins[bin].tokens() as u64;
                     rank_attention[rank] += bins[bin].attention_cost();
                 }
@@ -108,6 +152,7 @@ impl Distribution {
         }
         Self {
             steps,
+            bins_per_rank,
             rank_tokens,
             rank_attention,
             step_max,
@@ -115,8 +160,8 @@ impl Distribution {
         }
     }
 
-    /// `[S, W]`: the bin of every rank at every step.
-    pub fn steps(&self) -> &[Vec<Option<usize>>] {
+    /// `[S, W]`: the bins of every rank at every step.
+    pub fn steps(&self) -> &[Vec<Vec<usize>>] {
         &self.steps
     }
 
@@ -130,20 +175,26 @@ impl Distribution {
         self.rank_tokens.len()
     }
 
-    /// The bins of one rank, in step order (`None` where it idles).
-    pub fn rank_bins(&self, rank: usize) -> impl Iterator<Item = Option<usize>> + '_ {
-        self.steps
-            .iter()
-            .map(move |step| step.get(rank).copied().flatten())
+    /// Bins per rank per step, `A`.
+    pub fn bins_per_rank(&self) -> usize {
+        self.bins_per_rank
     }
 
-    /// Slots in which a rank has no bin (only in the step holding the remainder).
+    /// The bins of one rank, step by step (fewer than `A`, or none, only in
+    /// the step holding the remainder).
+    pub fn rank_bins(&self, rank: usize) -> impl Iterator<Item = &[usize]> + '_ {
+        self.steps
+            .iter()
+            .map(move |step| step.get(rank).map_or(&[][..], Vec::as_slice))
+    }
+
+    /// Bin slots left empty (only in the step holding the remainder).
     pub fn empty_slots(&self) -> usize {
         self.steps
             .iter()
             .flatten()
-            .filter(|slot| slot.is_none())
-            .count()
+            .map(|rank_bins| self.bins_per_rank - rank_bins.len())
+            .sum()
     }
 
     /// `[W]` real tokens per rank over the epoch.
@@ -218,6 +269,50 @@ mod tests {
         );
         let total: u64 = distribution.rank_tokens().iter().sum();
         assert_eq!(total, 22);
+    }
+
+    #[test]
+    fn a_step_holds_the_same_bins_for_ranks_or_accumulation() {
+        let lengths: Vec<usize> = (0..50).map(|i| 1 + (i * 7) % 19).collect();
+        let bins = bins_of(&lengths, 24);
+        let step_bins = |world: usize, per_rank: usize| -> Vec<Vec<usize>> {
+            let distribution =
+                distribute_steps(&bins, world, per_rank, Balance::Tokens, 5).expect("distributes");
+            assert_eq!(
+                distribution.num_steps(),
+                bins.len().div_ceil(world * per_rank)
+            );
+            distribution
+                .steps()
+                .iter()
+                .map(|step| {
+                    assert!(step.iter().all(|rank_bins| rank_bins.len() <= per_rank));
+                    let mut all: Vec<usize> = step.concat();
+                    all.sort_unstable();
+                    all
+                })
+                .collect()
+        };
+        let two_ranks = step_bins(2, 2);
+        assert_eq!(two_ranks, step_bins(4, 1));
+        assert_eq!(two_ranks, step_bins(1, 4));
+        let mut dealt: Vec<usize> = two_ranks.concat();
+        dealt.sort_unstable();
+        assert_eq!(dealt, (0..bins.len()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn accumulated_bins_balance_within_a_step() {
+        // Eight single-example bins (no two fit in 10) on 2 ranks x 2: steps
+        // by cost {10, 9, 8, 7} and {6, 6, 6, 6}. Step 1: 10 -> r0; 9 -> r1
+        // (0 < 10); 8 -> r1 (9 < 10); 7 -> r0 (r1 is full): 17 each. Step 2:
+        // 12 each.
+        let bins = bins_of(&[10, 9, 8, 7, 6, 6, 6, 6], 10);
+        assert_eq!(bins.len(), 8);
+        let distribution = distribute_steps(&bins, 2, 2, Balance::Tokens, 0).expect("distributes");
+        assert_eq!(distribution.rank_tokens(), &[29, 29]);
+        assert!((distribution.step_imbalance(Balance::Tokens) - 1.0).abs() < 1e-12);
+        assert_eq!(distribution.empty_slots(), 0);
     }
 
     #[test]

@@ -57,7 +57,7 @@ mod synthetic;
 
 pub use binpack::{Bin, BinPacking, Packing, pack_into_bins};
 pub use budget::{BudgetKind, batch_by_token_budget};
-pub use distribute::{Balance, Distribution, distribute};
+pub use distribute::{Balance, Distribution, distribute, distribute_steps};
 pub use error::{ExampleError, PackError};
 pub use example::{Example, IGNORE_INDEX, examples_from_raw};
 pub use flatten::{PackedBatch, flatten};

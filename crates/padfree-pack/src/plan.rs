@@ -1,7 +1,7 @@
 use std::fmt;
 
 use crate::binpack::{Bin, BinPacking, check_lengths, pack_into_bins};
-use crate::distribute::{Balance, Distribution, distribute};
+use crate::distribute::{Balance, Distribution, distribute_steps};
 use crate::error::PackError;
 use crate::rng::SplitMix64;
 
@@ -14,6 +14,8 @@ pub struct PackingConfig {
     pub algorithm: BinPacking,
     /// Data-parallel ranks, `W`.
     pub world_size: usize,
+    /// Bins (micro-batches) per rank per step, `A`: gradient accumulation.
+    pub bins_per_rank: usize,
     /// What ranks get equal shares of.
     pub balance: Balance,
     /// Fixes the tie-breaks between equal lengths and the order of the steps;
@@ -46,7 +48,7 @@ pub struct PackingReport {
     pub world_size: usize,
     /// Steps every rank takes.
     pub num_steps: usize,
-    /// Rank slots left empty in the last step.
+    /// Bin slots left empty in the step holding the remainder.
     pub empty_slots: usize,
     /// Max over mean of the ranks' real-token totals.
     pub rank_token_imbalance: f64,
@@ -78,7 +80,13 @@ pub fn plan_epoch(lengths: &[usize], config: &PackingConfig) -> Result<EpochPlan
         bin.rename_examples(&shuffled);
     }
     // A different stream from the shuffle's, so the two choices are independent.
-    let distribution = distribute(&bins, config.world_size, config.balance, !config.seed)?;
+    let distribution = distribute_steps(
+        &bins,
+        config.world_size,
+        config.bins_per_rank,
+        config.balance,
+        !config.seed,
+    )?;
     let report = PackingReport {
         num_examples: lengths.len(),
         total_tokens,
@@ -116,13 +124,23 @@ impl EpochPlan {
         &self.report
     }
 
-    /// The micro-batches of one rank, step by step: example indices, empty
-    /// where the rank idles in the last step.
-    pub fn rank_batches(&self, rank: usize) -> Vec<Vec<usize>> {
+    /// The micro-batches of one rank, step by step: per step, the example
+    /// indices of each of its bins (fewer bins, or none, only in the step
+    /// holding the remainder).
+    pub fn rank_steps(&self, rank: usize) -> Vec<Vec<Vec<usize>>> {
         self.distribution
             .rank_bins(rank)
-            .map(|slot| slot.map_or_else(Vec::new, |bin| self.bins[bin].examples().to_vec()))
+            .map(|bins| {
+                bins.iter()
+                    .map(|&bin| self.bins[bin].examples().to_vec())
+                    .collect()
+            })
             .collect()
+    }
+
+    /// The micro-batches of one rank, in order, over the whole epoch.
+    pub fn rank_batches(&self, rank: usize) -> Vec<Vec<usize>> {
+        self.rank_steps(rank).into_iter().flatten().collect()
     }
 }
 
@@ -163,6 +181,7 @@ mod tests {
             capacity: 16,
             algorithm: BinPacking::BestFitDecreasing,
             world_size: 3,
+            bins_per_rank: 1,
             balance: Balance::Tokens,
             seed,
         }

@@ -136,6 +136,7 @@ proptest! {
     fn epoch_plans_lose_no_example_and_are_deterministic(
         lengths in prop::collection::vec(1usize..=100, 1..150),
         world_size in 1usize..5,
+        bins_per_rank in 1usize..4,
         best_fit in any::<bool>(),
         seed in any::<u64>(),
     ) {
@@ -143,6 +144,7 @@ proptest! {
             capacity: 128,
             algorithm: if best_fit { BinPacking::BestFitDecreasing } else { BinPacking::FirstFitDecreasing },
             world_size,
+            bins_per_rank,
             balance: Balance::Tokens,
             seed,
         };

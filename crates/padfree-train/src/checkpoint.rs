@@ -70,7 +70,7 @@ pub(crate) fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
 /// Writes the model, artifacts, optimizer and state into
 /// `output_dir/checkpoint-N` (`N`: the state's step) and returns that path.
 pub fn write(output_dir: &Path, snapshot: Snapshot<'_>) -> Result<PathBuf, TrainError> {
-    let name = format!("checkpoint-{}", snapshot.state.global_step);
+    let name = checkpoint_name(snapshot.state.global_step);
     let final_dir = output_dir.join(&name);
     let temp_dir = output_dir.join(format!(
         "{TEMP_PREFIX}{}-{}",
@@ -205,4 +205,13 @@ pub fn read_optimizer(
             )
         })?;
     Ok(())
+}
+
+fn checkpoint_name(step: usize) -> String {
+    format!("checkpoint-{step}")
+}
+
+/// Where the checkpoint of `step` goes: `output_dir/checkpoint-{step}`.
+pub fn checkpoint_dir(output_dir: &Path, step: usize) -> PathBuf {
+    output_dir.join(checkpoint_name(step))
 }

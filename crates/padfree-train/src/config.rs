@@ -55,6 +55,77 @@ pub enum Batching {
     /// As many consecutive examples as fit in this many real tokens
     /// (`--max-tokens-per-batch`).
     TokenBudget(usize),
+    /// Multipack (`--multipack`): each epoch's examples packed into bins of at
+    /// most `capacity` real tokens and dealt to ranks and steps so every rank
+    /// carries a similar cost.
+    Multipack(Multipack),
+}
+
+/// Settings of multipack batching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Multipack {
+    /// Real tokens per bin (micro-batch), at least the longest example.
+    pub capacity: usize,
+    /// Bin-packing rule.
+    pub packer: Packer,
+    /// What ranks and steps get equal shares of.
+    pub balance: BalanceBy,
+}
+
+/// Which bin the next (longest remaining) example goes into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Packer {
+    /// Best-fit decreasing: the fullest bin that still has room.
+    BestFit,
+    /// First-fit decreasing: the first bin with room (the multipack paper's).
+    FirstFit,
+}
+
+/// What "equal share" means between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BalanceBy {
+    /// Real tokens: the linear layers' and the loss's cost.
+    Tokens,
+    /// Sum of squared example lengths: causal attention's cost.
+    Attention,
+}
+
+impl Packer {
+    /// For the log.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::BestFit => "best-fit decreasing",
+            Self::FirstFit => "first-fit decreasing",
+        }
+    }
+
+    /// The planner's rule.
+    pub fn algorithm(self) -> padfree_pack::BinPacking {
+        match self {
+            Self::BestFit => padfree_pack::BinPacking::BestFitDecreasing,
+            Self::FirstFit => padfree_pack::BinPacking::FirstFitDecreasing,
+        }
+    }
+}
+
+impl BalanceBy {
+    /// For the log.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tokens => "tokens",
+            Self::Attention => "attention",
+        }
+    }
+
+    /// The planner's cost.
+    pub fn balance(self) -> padfree_pack::Balance {
+        match self {
+            Self::Tokens => padfree_pack::Balance::Tokens,
+            Self::Attention => padfree_pack::Balance::Attention,
+        }
+    }
 }
 
 /// The learning-rate schedule after warm-up (HF `lr_scheduler_type`).
@@ -99,8 +170,12 @@ pub struct TrainConfig {
     pub attention: AttentionMode,
     /// Micro-batch size.
     pub batching: Batching,
-    /// Micro-batches per optimizer step.
+    /// Micro-batches per optimizer step on each rank.
     pub gradient_accumulation_steps: usize,
+    /// Data-parallel ranks, `W` (1 in one process; `mpirun -np W`). The
+    /// plan, and so the run, depends on it.
+    #[serde(default = "one")]
+    pub world_size: usize,
     /// Peak learning rate.
     pub learning_rate: f64,
     /// Decoupled weight decay, not applied to norm weights and biases.
@@ -137,6 +212,7 @@ impl Default for TrainConfig {
             attention: AttentionMode::Varlen,
             batching: Batching::Examples(8),
             gradient_accumulation_steps: 1,
+            world_size: 1,
             learning_rate: 5e-5,
             weight_decay: 0.0,
             adam_beta1: 0.9,
@@ -155,7 +231,16 @@ impl Default for TrainConfig {
     }
 }
 
+fn one() -> usize {
+    1
+}
+
 impl TrainConfig {
+    /// Micro-batches of one optimizer step over all ranks, `W x A`.
+    pub fn global_micro_batches(&self) -> usize {
+        self.world_size * self.gradient_accumulation_steps
+    }
+
     /// Refuses settings that cannot train, naming the flag.
     pub fn validate(&self) -> Result<(), TrainError> {
         let refuse = |flag, message: String, hint| {
@@ -173,14 +258,28 @@ impl TrainConfig {
                     "use 8 (the HF default)",
                 );
             }
-            Batching::TokenBudget(0) => {
+            Batching::TokenBudget(0) | Batching::Multipack(Multipack { capacity: 0, .. }) => {
                 return refuse(
                     "max-tokens-per-batch",
                     "must be at least 1".into(),
                     "use a budget of at least the longest example",
                 );
             }
+            Batching::Multipack(_) if !self.shuffle => {
+                return refuse(
+                    "no-shuffle",
+                    "multipack orders the bins itself (by --seed), so the file's order cannot be kept".into(),
+                    "drop --no-shuffle, or batch without --multipack",
+                );
+            }
             _ => {}
+        }
+        if self.world_size == 0 {
+            return refuse(
+                "world-size",
+                "must be at least 1".into(),
+                "launch with mpirun -np N, or run one process",
+            );
         }
         if self.gradient_accumulation_steps == 0 {
             return refuse(

@@ -23,6 +23,9 @@ pub enum TrainError {
     /// The collator refused a batch.
     #[error(transparent)]
     Pack(#[from] PackError),
+    /// A data-parallel collective failed (another rank stopped).
+    #[error(transparent)]
+    Comm(#[from] crate::comm::CommError),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

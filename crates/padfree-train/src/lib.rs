@@ -13,6 +13,9 @@
 //! - [`checkpoint`]: HF-loadable model files plus optimizer and trainer state,
 //!   written to a temporary directory and renamed into place; handed a
 //!   [`checkpoint::Snapshot`], it never imports the trainer.
+//! - [`comm`]: the [`Communicator`] of data-parallel ranks: one process, or
+//!   threads of one ([`LocalGroup`]); each rank trains on its own
+//!   micro-batches of the shared plan, gradients are summed in rank order.
 //! - [`outputs`]: the run's own files (`metrics.jsonl`, results, loss plot)
 //!   and the output-directory check.
 //!
@@ -20,6 +23,7 @@
 //! `optim`, `metrics`; nothing imports `trainer`.
 
 pub mod checkpoint;
+pub mod comm;
 mod config;
 mod error;
 mod metrics;
@@ -30,7 +34,11 @@ mod schedule;
 mod state;
 mod trainer;
 
-pub use config::{AttentionMode, Batching, SaveStrategy, SchedulerKind, TrainConfig, Warmup};
+pub use comm::{CommError, Communicator, LocalGroup, SingleProcess};
+pub use config::{
+    AttentionMode, BalanceBy, Batching, Multipack, Packer, SaveStrategy, SchedulerKind,
+    TrainConfig, Warmup,
+};
 pub use error::TrainError;
 pub use metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 pub use optim::AdamW;

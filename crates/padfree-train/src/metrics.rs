@@ -25,6 +25,11 @@ pub struct StepMetrics {
     pub label_tokens: usize,
     /// Sum over the window's examples of the squared length (attention work).
     pub sum_squared_lengths: u64,
+    /// `[W]`: real tokens each rank trained on in this step.
+    pub rank_real_tokens: Vec<usize>,
+    /// Multipack only: the token capacity of the step's bins together
+    /// (bins x capacity), against which `real_tokens` is the packing efficiency.
+    pub bin_capacity_tokens: Option<usize>,
     /// Wall time of the step.
     pub seconds: f64,
 }
@@ -46,6 +51,14 @@ pub struct LogRecord {
     pub tokens_per_second: f64,
     /// Real tokens since the start of training.
     pub real_tokens_seen: usize,
+    /// Multipack: real tokens over the bins' token capacity in the interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing_efficiency: Option<f64>,
+    /// Several ranks: the straggler factor in the interval, the sum over
+    /// steps of the busiest rank's real tokens over the sum of the ranks'
+    /// mean (1.0 = every rank equally loaded at every step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_imbalance: Option<f64>,
 }
 
 impl fmt::Display for LogRecord {
@@ -59,7 +72,14 @@ impl fmt::Display for LogRecord {
             self.epoch,
             self.step,
             self.tokens_per_second
-        )
+        )?;
+        if let Some(efficiency) = self.packing_efficiency {
+            write!(f, " packing {:.1}%", 100.0 * efficiency)?;
+        }
+        if let Some(imbalance) = self.rank_imbalance {
+            write!(f, " rank imbalance {imbalance:.3}")?;
+        }
+        Ok(())
     }
 }
 

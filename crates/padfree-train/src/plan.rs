@@ -1,8 +1,10 @@
 use std::ops::Range;
 
-use padfree_pack::{BudgetKind, SplitMix64, batch_by_token_budget};
+use padfree_pack::{
+    BudgetKind, PackingConfig, PackingReport, SplitMix64, batch_by_token_budget, plan_epoch,
+};
 
-use crate::config::{Batching, TrainConfig};
+use crate::config::{Batching, Multipack, TrainConfig};
 use crate::error::TrainError;
 
 /// One optimizer step: the micro-batches it accumulates over.
@@ -14,11 +16,28 @@ pub struct PlannedStep {
     pub index_in_epoch: usize,
     /// Steps in this epoch.
     pub steps_in_epoch: usize,
-    /// Example indices of every micro-batch.
-    pub micro_batches: Vec<Vec<usize>>,
+    /// `[W]`: every rank's micro-batches (example indices), in order; at
+    /// most `A` each, fewer (or none) only in an epoch's last step.
+    pub ranks: Vec<Vec<Vec<usize>>>,
 }
 
 impl PlannedStep {
+    /// The micro-batches of one rank.
+    pub fn rank_batches(&self, rank: usize) -> &[Vec<usize>] {
+        self.ranks.get(rank).map_or(&[][..], Vec::as_slice)
+    }
+
+    /// Every micro-batch of the step, rank by rank: what one process with
+    /// `W x A` accumulation steps would train on.
+    pub fn all_batches(&self) -> impl Iterator<Item = &Vec<usize>> + '_ {
+        self.ranks.iter().flatten()
+    }
+
+    /// Every example of the step, rank by rank.
+    pub fn examples(&self) -> Vec<usize> {
+        self.all_batches().flatten().copied().collect()
+    }
+
     /// The epoch as HF logs it: fractional, reaching `e + 1` at the epoch's last step.
     pub fn epoch_progress(&self) -> f64 {
         self.epoch as f64 + (self.index_in_epoch + 1) as f64 / self.steps_in_epoch as f64
@@ -33,9 +52,10 @@ impl PlannedStep {
 /// Every step of a run, fixed before training from the seed and the example
 /// lengths: the same config and data give the same plan, which is what lets a
 /// resumed run continue on exactly the batches it would have seen.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TrainPlan {
     steps: Vec<PlannedStep>,
+    packing: Vec<PackingReport>,
 }
 
 impl TrainPlan {
@@ -52,8 +72,9 @@ impl TrainPlan {
             });
         }
         let mut steps = Vec::new();
+        let mut packing = Vec::new();
         for epoch in 0.. {
-            let epoch_steps = epoch_steps(lengths, config, epoch)?;
+            let (epoch_steps, report) = epoch_steps(lengths, config, epoch)?;
             let wanted = match config.max_steps {
                 Some(max_steps) => max_steps - steps.len(),
                 None => {
@@ -65,11 +86,18 @@ impl TrainPlan {
                 }
             };
             steps.extend(epoch_steps.into_iter().take(wanted));
+            packing.extend(report);
             if config.max_steps.is_some_and(|max| steps.len() >= max) {
                 break;
             }
         }
-        Ok(Self { steps })
+        Ok(Self { steps, packing })
+    }
+
+    /// The multipack planner's figures for every epoch the plan reaches into
+    /// (empty without multipack).
+    pub fn packing(&self) -> &[PackingReport] {
+        &self.packing
     }
 
     /// All steps, in order.
@@ -92,7 +120,11 @@ fn epoch_steps(
     lengths: &[usize],
     config: &TrainConfig,
     epoch: usize,
-) -> Result<Vec<PlannedStep>, TrainError> {
+) -> Result<(Vec<PlannedStep>, Option<PackingReport>), TrainError> {
+    if let Batching::Multipack(multipack) = config.batching {
+        let (ranks_per_step, report) = multipack_epoch(lengths, config, multipack, epoch)?;
+        return Ok((into_steps(ranks_per_step, epoch), Some(report)));
+    }
     let order = epoch_order(lengths.len(), config, epoch);
     let micro_batches: Vec<Vec<usize>> = match config.batching {
         Batching::Examples(size) => order.chunks(size).map(<[usize]>::to_vec).collect(),
@@ -108,30 +140,85 @@ fn epoch_steps(
                 })?;
             ranges.into_iter().map(|r| order[r].to_vec()).collect()
         }
+        Batching::Multipack(_) => unreachable!("handled above"),
     };
-    let windows: Vec<Vec<Vec<usize>>> = micro_batches
-        .chunks(config.gradient_accumulation_steps)
-        .map(<[Vec<usize>]>::to_vec)
+    // Consecutive micro-batches dealt round-robin: micro-batch k of a step
+    // goes to rank k mod W.
+    let world = config.world_size;
+    let ranks_per_step = micro_batches
+        .chunks(config.global_micro_batches())
+        .map(|window| {
+            let mut ranks = vec![Vec::new(); world];
+            for (k, batch) in window.iter().enumerate() {
+                ranks[k % world].push(batch.clone());
+            }
+            ranks
+        })
         .collect();
-    let steps_in_epoch = windows.len();
-    Ok(windows
+    Ok((into_steps(ranks_per_step, epoch), None))
+}
+
+/// `[W]` micro-batches of every rank in one step (example indices).
+type RankBatches = Vec<Vec<Vec<usize>>>;
+
+/// One epoch packed by the multipack planner: bins of at most `capacity`
+/// real tokens, `W x A` of them per step, balanced between ranks.
+fn multipack_epoch(
+    lengths: &[usize],
+    config: &TrainConfig,
+    multipack: Multipack,
+    epoch: usize,
+) -> Result<(Vec<RankBatches>, PackingReport), TrainError> {
+    let plan = plan_epoch(
+        lengths,
+        &PackingConfig {
+            capacity: multipack.capacity,
+            algorithm: multipack.packer.algorithm(),
+            world_size: config.world_size,
+            bins_per_rank: config.gradient_accumulation_steps,
+            balance: multipack.balance.balance(),
+            seed: epoch_seed(config.seed, epoch),
+        },
+    )
+    .map_err(|err| TrainError::Config {
+        flag: "max-tokens-per-batch",
+        message: err.to_string(),
+        hint: "raise the bin capacity to at least the longest example (--max-seq-len)",
+    })?;
+    let per_rank: Vec<Vec<Vec<Vec<usize>>>> = (0..config.world_size)
+        .map(|rank| plan.rank_steps(rank))
+        .collect();
+    let steps = plan.report().num_steps;
+    let ranks_per_step = (0..steps)
+        .map(|step| per_rank.iter().map(|rank| rank[step].clone()).collect())
+        .collect();
+    Ok((ranks_per_step, *plan.report()))
+}
+
+fn into_steps(ranks_per_step: Vec<RankBatches>, epoch: usize) -> Vec<PlannedStep> {
+    let steps_in_epoch = ranks_per_step.len();
+    ranks_per_step
         .into_iter()
         .enumerate()
-        .map(|(index_in_epoch, micro_batches)| PlannedStep {
+        .map(|(index_in_epoch, ranks)| PlannedStep {
             epoch,
             index_in_epoch,
             steps_in_epoch,
-            micro_batches,
+            ranks,
         })
-        .collect())
+        .collect()
+}
+
+/// The seed of one epoch's shuffle: a different stream every epoch.
+fn epoch_seed(seed: u64, epoch: usize) -> u64 {
+    seed ^ (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// The example order of an epoch: a seeded shuffle, different every epoch.
 fn epoch_order(count: usize, config: &TrainConfig, epoch: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..count).collect();
     if config.shuffle {
-        let stream = (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        SplitMix64::new(config.seed ^ stream).shuffle(&mut order);
+        SplitMix64::new(epoch_seed(config.seed, epoch)).shuffle(&mut order);
     }
     order
 }
@@ -159,7 +246,7 @@ mod tests {
             plan.steps()
                 .iter()
                 .filter(|s| s.epoch == e)
-                .flat_map(|s| s.micro_batches.concat())
+                .flat_map(PlannedStep::examples)
                 .collect()
         };
         let (first, second) = (epoch(0), epoch(1));
@@ -182,7 +269,7 @@ mod tests {
         };
         let plan = TrainPlan::new(&[3; 8], &cfg).expect("plans");
         assert_eq!(plan.len(), 5);
-        assert_eq!(plan.steps()[0].micro_batches, vec![vec![0, 1, 2, 3]]);
+        assert_eq!(plan.steps()[0].ranks, vec![vec![vec![0, 1, 2, 3]]]);
         assert_eq!(plan.steps()[4].epoch, 2);
         assert_eq!(plan, TrainPlan::new(&[3; 8], &cfg).expect("plans"));
     }
@@ -200,11 +287,143 @@ mod tests {
             ..config(1, 1)
         };
         let plan = TrainPlan::new(&[4, 4, 4, 9], &budget).expect("plans");
-        assert_eq!(plan.steps()[0].micro_batches, vec![vec![0, 1]]);
+        assert_eq!(plan.steps()[0].ranks, vec![vec![vec![0, 1]]]);
         let too_small = TrainConfig {
             batching: Batching::TokenBudget(5),
             ..budget
         };
         assert!(TrainPlan::new(&[4, 9], &too_small).is_err());
+    }
+
+    fn multipack(capacity: usize, world: usize, accumulation: usize) -> TrainConfig {
+        TrainConfig {
+            batching: Batching::Multipack(Multipack {
+                capacity,
+                packer: crate::config::Packer::BestFit,
+                balance: crate::config::BalanceBy::Tokens,
+            }),
+            world_size: world,
+            gradient_accumulation_steps: accumulation,
+            num_train_epochs: 2.0,
+            ..TrainConfig::default()
+        }
+    }
+
+    fn ragged(n: usize) -> Vec<usize> {
+        (0..n).map(|i| 3 + (i * 37 + i * i) % 29).collect()
+    }
+
+    #[test]
+    fn multipack_trains_every_example_once_per_epoch_within_capacity() {
+        let lengths = ragged(101);
+        for (world, accumulation) in [(1, 1), (1, 3), (2, 2), (4, 1), (3, 2)] {
+            let cfg = multipack(64, world, accumulation);
+            let plan = TrainPlan::new(&lengths, &cfg).expect("plans");
+            // Steps known up front: ceil(bins / (W x A)) per epoch.
+            assert_eq!(plan.packing().len(), 2);
+            let expected: usize = plan
+                .packing()
+                .iter()
+                .map(|r| r.num_bins.div_ceil(world * accumulation))
+                .sum();
+            assert_eq!(plan.len(), expected);
+            for epoch in 0..2 {
+                let mut seen: Vec<usize> = plan
+                    .steps()
+                    .iter()
+                    .filter(|s| s.epoch == epoch)
+                    .flat_map(PlannedStep::examples)
+                    .collect();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..101).collect::<Vec<_>>(), "epoch {epoch}");
+            }
+            for step in plan.steps() {
+                assert_eq!(step.ranks.len(), world);
+                for rank in &step.ranks {
+                    assert!(rank.len() <= accumulation);
+                    for bin in rank {
+                        assert!(!bin.is_empty());
+                        assert!(bin.iter().map(|&i| lengths[i]).sum::<usize>() <= 64);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The planner's efficiency and imbalance figures against the same
+    /// quantities counted directly from the steps.
+    #[test]
+    fn multipack_figures_match_a_count_of_the_plan() {
+        let lengths = ragged(157);
+        let (world, accumulation) = (3, 2);
+        let plan = TrainPlan::new(&lengths, &multipack(80, world, accumulation)).expect("plans");
+        let report = plan.packing()[0];
+        let epoch: Vec<&PlannedStep> = plan.steps().iter().filter(|s| s.epoch == 0).collect();
+        let bins: Vec<&Vec<usize>> = epoch.iter().flat_map(|s| s.all_batches()).collect();
+        let tokens = |bin: &Vec<usize>| bin.iter().map(|&i| lengths[i]).sum::<usize>();
+        let total: usize = bins.iter().map(|b| tokens(b)).sum();
+        assert_eq!(report.num_bins, bins.len());
+        assert_eq!(report.total_tokens, total);
+        let efficiency = total as f64 / (bins.len() * 80) as f64;
+        assert!((report.efficiency - efficiency).abs() < 1e-12);
+        let mut rank_totals = vec![0usize; world];
+        let (mut sum_max, mut sum_mean) = (0.0, 0.0);
+        for step in &epoch {
+            let per_rank: Vec<usize> = (0..world)
+                .map(|r| step.rank_batches(r).iter().map(tokens).sum())
+                .collect();
+            for (total, t) in rank_totals.iter_mut().zip(&per_rank) {
+                *total += t;
+            }
+            sum_max += *per_rank.iter().max().expect("ranks") as f64;
+            sum_mean += per_rank.iter().sum::<usize>() as f64 / world as f64;
+        }
+        let mean = rank_totals.iter().sum::<usize>() as f64 / world as f64;
+        let rank_imbalance = *rank_totals.iter().max().expect("ranks") as f64 / mean;
+        assert!((report.rank_token_imbalance - rank_imbalance).abs() < 1e-12);
+        assert!((report.step_token_imbalance - sum_max / sum_mean).abs() < 1e-12);
+        // Best-fit decreasing on these lengths fills bins well and the
+        // dealing keeps ranks level.
+        assert!(report.efficiency > 0.9, "{}", report.efficiency);
+        assert!(
+            report.step_token_imbalance < 1.1,
+            "{}",
+            report.step_token_imbalance
+        );
+    }
+
+    #[test]
+    fn multipack_steps_are_the_same_for_ranks_or_accumulation() {
+        let lengths = ragged(90);
+        let examples_per_step = |world: usize, accumulation: usize| -> Vec<Vec<usize>> {
+            let plan =
+                TrainPlan::new(&lengths, &multipack(50, world, accumulation)).expect("plans");
+            plan.steps()
+                .iter()
+                .map(|s| {
+                    let mut e = s.examples();
+                    e.sort_unstable();
+                    e
+                })
+                .collect()
+        };
+        assert_eq!(examples_per_step(2, 1), examples_per_step(1, 2));
+        assert_eq!(examples_per_step(4, 1), examples_per_step(1, 4));
+        assert_eq!(examples_per_step(2, 2), examples_per_step(4, 1));
+    }
+
+    #[test]
+    fn consecutive_batches_are_dealt_round_robin_to_ranks() {
+        let cfg = TrainConfig {
+            world_size: 2,
+            shuffle: false,
+            max_steps: Some(1),
+            ..config(2, 2)
+        };
+        let plan = TrainPlan::new(&[1; 8], &cfg).expect("plans");
+        assert_eq!(
+            plan.steps()[0].ranks,
+            vec![vec![vec![0, 1], vec![4, 5]], vec![vec![2, 3], vec![6, 7]]]
+        );
     }
 }

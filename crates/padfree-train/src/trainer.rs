@@ -8,7 +8,8 @@ use padfree_model::{LlamaModel, ModelInput};
 use padfree_pack::{Example, flatten, pad};
 
 use crate::checkpoint::{self, Snapshot};
-use crate::config::{AttentionMode, SaveStrategy, TrainConfig, Warmup};
+use crate::comm::{Communicator, SingleProcess};
+use crate::config::{AttentionMode, Batching, SaveStrategy, TrainConfig, Warmup};
 use crate::error::TrainError;
 use crate::metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 use crate::optim::AdamW;
@@ -51,11 +52,12 @@ pub struct Trainer {
     step_losses: Vec<f64>,
     real_tokens_seen: usize,
     last_checkpoint: Option<PathBuf>,
+    comm: Box<dyn Communicator>,
 }
 
 impl Trainer {
-    /// A fresh run. `model` must live on an autodiff device; `artifacts`
-    /// (e.g. tokenizer files) are written beside every saved model.
+    /// A fresh run in one process. `model` must live on an autodiff device;
+    /// `artifacts` (e.g. tokenizer files) are written beside every saved model.
     pub fn new(
         model: LlamaModel,
         examples: Vec<Example>,
@@ -63,6 +65,38 @@ impl Trainer {
         output_dir: &Path,
         artifacts: Vec<(String, Vec<u8>)>,
     ) -> Result<Self, TrainError> {
+        Self::new_on(
+            Box::new(SingleProcess),
+            model,
+            examples,
+            config,
+            output_dir,
+            artifacts,
+        )
+    }
+
+    /// A fresh run as one rank of a data-parallel job: every rank holds the
+    /// same model, examples and config (`config.world_size` ranks) and trains
+    /// on its own micro-batches of the shared plan; rank 0 alone writes.
+    pub fn new_on(
+        comm: Box<dyn Communicator>,
+        model: LlamaModel,
+        examples: Vec<Example>,
+        config: TrainConfig,
+        output_dir: &Path,
+        artifacts: Vec<(String, Vec<u8>)>,
+    ) -> Result<Self, TrainError> {
+        if config.world_size != comm.world_size() {
+            return Err(TrainError::Config {
+                flag: "world-size",
+                message: format!(
+                    "the config says {} ranks, the launcher started {}",
+                    config.world_size,
+                    comm.world_size()
+                ),
+                hint: "set the world size from the communicator (mpirun -np N)",
+            });
+        }
         if !model.device().is_autodiff() {
             return Err(TrainError::Config {
                 flag: "model",
@@ -110,6 +144,7 @@ impl Trainer {
             step_losses: Vec::new(),
             real_tokens_seen: 0,
             last_checkpoint: None,
+            comm,
         })
     }
 
@@ -124,7 +159,29 @@ impl Trainer {
         output_dir: &Path,
         artifacts: Vec<(String, Vec<u8>)>,
     ) -> Result<Self, TrainError> {
-        let mut trainer = Self::new(model, examples, config, output_dir, artifacts)?;
+        Self::resume_on(
+            Box::new(SingleProcess),
+            model,
+            checkpoint_dir,
+            examples,
+            config,
+            output_dir,
+            artifacts,
+        )
+    }
+
+    /// [`Self::resume`] as one rank of a data-parallel job (the same world
+    /// size as the saved run).
+    pub fn resume_on(
+        comm: Box<dyn Communicator>,
+        model: LlamaModel,
+        checkpoint_dir: &Path,
+        examples: Vec<Example>,
+        config: TrainConfig,
+        output_dir: &Path,
+        artifacts: Vec<(String, Vec<u8>)>,
+    ) -> Result<Self, TrainError> {
+        let mut trainer = Self::new_on(comm, model, examples, config, output_dir, artifacts)?;
         let saved = checkpoint::read_state(checkpoint_dir)?;
         saved.check_continues(
             &trainer.state(),
@@ -171,6 +228,16 @@ impl Trainer {
         &self.step_losses
     }
 
+    /// This process's rank and the job's ranks.
+    pub fn communicator(&self) -> &dyn Communicator {
+        self.comm.as_ref()
+    }
+
+    /// Whether this process writes the run's files (rank 0).
+    pub fn writes_outputs(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
     /// The checkpoint written last, if any.
     pub fn last_checkpoint(&self) -> Option<&Path> {
         self.last_checkpoint.as_deref()
@@ -179,14 +246,16 @@ impl Trainer {
     /// Runs the remaining steps, logging, checkpointing, and writing the
     /// final model and reports into the output directory.
     pub fn train(&mut self, observer: &mut dyn Observer) -> Result<TrainSummary, TrainError> {
-        outputs::rewrite_metrics(&self.output_dir, &self.log_history)?;
+        if self.writes_outputs() {
+            outputs::rewrite_metrics(&self.output_dir, &self.log_history)?;
+        }
         let started = Instant::now();
         let first_step = self.global_step;
         let (mut samples, mut real, mut fed) = (0usize, 0usize, 0usize);
         let mut interval = Interval::default();
         let mut interrupted = false;
         while self.global_step < self.plan.len() {
-            if observer.stop_requested() {
+            if self.stop_requested(observer)? {
                 interrupted = true;
                 break;
             }
@@ -201,7 +270,9 @@ impl Trainer {
                 let since = self.log_history.last().map_or(0, |r| r.step);
                 let record =
                     interval.record(&metrics, &self.step_losses[since..], self.real_tokens_seen);
-                outputs::append_metrics(&self.output_dir, &record)?;
+                if self.writes_outputs() {
+                    outputs::append_metrics(&self.output_dir, &record)?;
+                }
                 observer.on_log(&record);
                 self.log_history.push(record);
                 interval = Interval::default();
@@ -232,11 +303,23 @@ impl Trainer {
             peak_memory_bytes: peak_memory_bytes(),
             interrupted,
         };
-        if !interrupted {
+        if !interrupted && self.writes_outputs() {
             checkpoint::write_model_files(&self.model, &self.artifacts, &self.output_dir)?;
             outputs::write_final_reports(&self.output_dir, &self.state(), &summary)?;
         }
+        self.comm.barrier().map_err(TrainError::from)?;
         Ok(summary)
+    }
+
+    /// Whether to stop now: asked of the observer, and with several ranks
+    /// agreed by all of them (Ctrl-C may reach them at different steps), so
+    /// they stop after the same step.
+    fn stop_requested(&self, observer: &dyn Observer) -> Result<bool, TrainError> {
+        let mut stop = [f64::from(u8::from(observer.stop_requested()))];
+        if self.comm.world_size() > 1 {
+            self.comm.all_reduce_sum_f64(&mut stop)?;
+        }
+        Ok(stop[0] > 0.0)
     }
 
     fn should_save(&self, metrics: &StepMetrics) -> bool {
@@ -247,16 +330,22 @@ impl Trainer {
         }
     }
 
-    /// Writes `checkpoint-{global_step}` now.
+    /// Writes `checkpoint-{global_step}` now (rank 0; the other ranks wait
+    /// for it, so every rank can resume from it once this returns).
     pub fn save_checkpoint(&mut self) -> Result<PathBuf, TrainError> {
-        let state = self.state();
-        let snapshot = Snapshot {
-            state: &state,
-            model: &self.model,
-            optimizer: &self.optimizer,
-            artifacts: &self.artifacts,
+        let dir = if self.writes_outputs() {
+            let state = self.state();
+            let snapshot = Snapshot {
+                state: &state,
+                model: &self.model,
+                optimizer: &self.optimizer,
+                artifacts: &self.artifacts,
+            };
+            checkpoint::write(&self.output_dir, snapshot)?
+        } else {
+            checkpoint::checkpoint_dir(&self.output_dir, self.global_step)
         };
-        let dir = checkpoint::write(&self.output_dir, snapshot)?;
+        self.comm.barrier()?;
         self.last_checkpoint = Some(dir.clone());
         Ok(dir)
     }
@@ -267,30 +356,49 @@ impl Trainer {
     pub fn train_step(&mut self) -> Result<StepMetrics, TrainError> {
         let started = Instant::now();
         let planned = self.plan.steps()[self.global_step].clone();
-        let micro_batches: Vec<Vec<Example>> = planned
-            .micro_batches
-            .iter()
-            .map(|indices| indices.iter().map(|&i| self.examples[i].clone()).collect())
+        // What every rank trains on in this step: the global figures come
+        // from the shared plan, so they need no communication.
+        let step_examples: Vec<&Example> = planned
+            .examples()
+            .into_iter()
+            .map(|i| &self.examples[i])
             .collect();
-        let label_tokens: usize = micro_batches
+        let label_tokens: usize = step_examples.iter().map(|e| e.num_loss_tokens()).sum();
+        let sum_squared_lengths: u64 = step_examples
             .iter()
-            .flatten()
-            .map(Example::num_loss_tokens)
-            .sum();
-        let sum_squared_lengths: u64 = micro_batches
-            .iter()
-            .flatten()
             .map(|example| (example.len() as u64).pow(2))
             .sum();
+        let real_tokens: usize = step_examples.iter().map(|e| e.len()).sum();
+        let examples = step_examples.len();
+        let rank_real_tokens: Vec<usize> = planned
+            .ranks
+            .iter()
+            .map(|batches| {
+                batches
+                    .iter()
+                    .flatten()
+                    .map(|&i| self.examples[i].len())
+                    .sum()
+            })
+            .collect();
+        let bin_capacity_tokens = match self.config.batching {
+            Batching::Multipack(multipack) => {
+                Some(planned.all_batches().count() * multipack.capacity)
+            }
+            _ => None,
+        };
         // Empty until the first micro-batch's gradient moves in.
         let mut grads: Vec<Vec<f32>> = vec![Vec::new(); self.model.params().len()];
-        let (mut loss_sum, mut real_tokens, mut fed_tokens, mut examples) = (0.0, 0, 0, 0);
-        for batch in &micro_batches {
-            let pass = self.forward_backward(batch, label_tokens.max(1), &mut grads)?;
+        let (mut loss_sum, mut fed_tokens) = (0.0, 0);
+        for indices in planned.rank_batches(self.comm.rank()) {
+            let batch: Vec<Example> = indices.iter().map(|&i| self.examples[i].clone()).collect();
+            let pass = self.forward_backward(&batch, label_tokens.max(1), &mut grads)?;
             loss_sum += pass.loss_sum;
             fed_tokens += pass.fed_tokens;
-            real_tokens += batch.iter().map(Example::len).sum::<usize>();
-            examples += batch.len();
+        }
+        let mut grads = self.zero_where_missing(grads);
+        if self.comm.world_size() > 1 {
+            (loss_sum, fed_tokens) = self.all_reduce(&mut grads, loss_sum, fed_tokens)?;
         }
         let step = self.global_step + 1;
         let loss = loss_sum / label_tokens.max(1) as f64;
@@ -308,7 +416,6 @@ impl Trainer {
                 });
             }
         }
-        let grads = self.zero_where_missing(grads);
         let clip = if self.config.max_grad_norm > 0.0 {
             (self.config.max_grad_norm / (grad_norm + 1e-6)).min(1.0)
         } else {
@@ -331,8 +438,34 @@ impl Trainer {
             fed_tokens,
             label_tokens,
             sum_squared_lengths,
+            rank_real_tokens,
+            bin_capacity_tokens,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Sums the ranks' gradients (one flat buffer, in parameter order), loss
+    /// sums and fed-token counts; every rank gets the same bits.
+    fn all_reduce(
+        &self,
+        grads: &mut [Vec<f32>],
+        loss_sum: f64,
+        fed_tokens: usize,
+    ) -> Result<(f64, usize), TrainError> {
+        let mut flat: Vec<f32> = Vec::with_capacity(grads.iter().map(Vec::len).sum());
+        for g in grads.iter() {
+            flat.extend_from_slice(g);
+        }
+        self.comm.all_reduce_sum_f32(&mut flat)?;
+        let mut rest = flat.as_slice();
+        for g in grads.iter_mut() {
+            let (head, tail) = rest.split_at(g.len());
+            g.copy_from_slice(head);
+            rest = tail;
+        }
+        let mut scalars = [loss_sum, fed_tokens as f64];
+        self.comm.all_reduce_sum_f64(&mut scalars)?;
+        Ok((scalars[0], scalars[1] as usize))
     }
 
     /// Forward and backward of one micro-batch; its gradients, already divided
@@ -424,17 +557,25 @@ fn global_norm(grads: &[Vec<f32>]) -> f64 {
     per_tensor.iter().sum::<f64>().sqrt()
 }
 
-/// Throughput since the previous log line (of this process).
+/// Throughput and balance since the previous log line (of this process).
 #[derive(Default)]
 struct Interval {
     real_tokens: usize,
     seconds: f64,
+    bin_capacity_tokens: Option<usize>,
+    busiest_rank_tokens: usize,
+    world_size: usize,
 }
 
 impl Interval {
     fn add(&mut self, metrics: &StepMetrics) {
         self.real_tokens += metrics.real_tokens;
         self.seconds += metrics.seconds;
+        if let Some(capacity) = metrics.bin_capacity_tokens {
+            *self.bin_capacity_tokens.get_or_insert(0) += capacity;
+        }
+        self.busiest_rank_tokens += metrics.rank_real_tokens.iter().copied().max().unwrap_or(0);
+        self.world_size = metrics.rank_real_tokens.len();
     }
 
     /// `losses`: every step since the previous log line, across a resume.
@@ -447,6 +588,13 @@ impl Interval {
             learning_rate: last.learning_rate,
             tokens_per_second: self.real_tokens as f64 / self.seconds.max(1e-9),
             real_tokens_seen,
+            packing_efficiency: self
+                .bin_capacity_tokens
+                .map(|capacity| self.real_tokens as f64 / capacity.max(1) as f64),
+            rank_imbalance: (self.world_size > 1).then(|| {
+                let mean = self.real_tokens as f64 / self.world_size as f64;
+                self.busiest_rank_tokens as f64 / mean.max(1e-9)
+            }),
         }
     }
 }

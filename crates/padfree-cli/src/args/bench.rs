@@ -191,6 +191,7 @@ impl BenchJob {
             max_seq_len: self.max_seq_len,
             overlong: Overlong::Truncate,
             gradient_checkpointing: false,
+            multipack_examples_per_bin: None,
             train,
         })
     }

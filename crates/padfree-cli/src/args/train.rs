@@ -6,7 +6,22 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use clap::ValueEnum;
 use padfree_data::{FieldNames, Overlong};
-use padfree_train::{AttentionMode, Batching, SaveStrategy, SchedulerKind, TrainConfig, Warmup};
+use padfree_train::{
+    AttentionMode, BalanceBy, Batching, Multipack, Packer, SaveStrategy, SchedulerKind,
+    TrainConfig, Warmup,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PackerArg {
+    BestFit,
+    FirstFit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BalanceArg {
+    Tokens,
+    Attention,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SchedulerArg {
@@ -81,9 +96,21 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 8, conflicts_with = "max_tokens_per_batch")]
     pub per_device_train_batch_size: usize,
     /// Micro-batches of consecutive examples up to this many real tokens,
-    /// instead of a fixed example count.
+    /// instead of a fixed example count (with --multipack: the bin capacity).
     #[arg(long)]
     pub max_tokens_per_batch: Option<usize>,
+    /// Multipack: pack each epoch's examples into bins of at most
+    /// --max-tokens-per-batch real tokens (default: --per-device-train-batch-size
+    /// x the mean example length) and deal them to ranks and steps by cost.
+    #[arg(long)]
+    pub multipack: bool,
+    /// Multipack's bin-packing rule (best-fit or first-fit decreasing).
+    #[arg(long, value_enum, default_value_t = PackerArg::BestFit, requires = "multipack")]
+    pub multipack_algorithm: PackerArg,
+    /// What multipack balances between ranks: real tokens, or attention cost
+    /// (sum of squared example lengths).
+    #[arg(long, value_enum, default_value_t = BalanceArg::Tokens, requires = "multipack")]
+    pub multipack_balance: BalanceArg,
     /// Train padding-free (true) or on padded batches (false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub padding_free: bool,
@@ -192,7 +219,29 @@ pub struct TrainJob {
     pub max_seq_len: usize,
     pub overlong: Overlong,
     pub gradient_checkpointing: bool,
+    /// Multipack without --max-tokens-per-batch: bins hold this many
+    /// examples of mean length; set from the data by `resolve_capacity`.
+    pub multipack_examples_per_bin: Option<usize>,
     pub train: TrainConfig,
+}
+
+impl TrainJob {
+    /// The training config for these example lengths: without
+    /// --max-tokens-per-batch, multipack's bins hold the batch size times the
+    /// mean example length (so steps stay about as many as with fixed
+    /// batches), and at least the longest example.
+    pub fn train_config(&self, lengths: &[usize]) -> TrainConfig {
+        let mut train = self.train.clone();
+        if let (Some(per_bin), Batching::Multipack(multipack)) =
+            (self.multipack_examples_per_bin, &mut train.batching)
+        {
+            let total: usize = lengths.iter().sum();
+            let mean = total.div_ceil(lengths.len().max(1));
+            let longest = lengths.iter().copied().max().unwrap_or(1);
+            multipack.capacity = per_bin.saturating_mul(mean).max(longest).max(1);
+        }
+        train
+    }
 }
 
 impl TrainArgs {
@@ -219,10 +268,28 @@ impl TrainArgs {
         if self.max_seq_len == 0 {
             bail!("--max-seq-len must be at least 1");
         }
-        let batching = match self.max_tokens_per_batch {
-            Some(budget) => Batching::TokenBudget(budget),
-            None => Batching::Examples(self.per_device_train_batch_size),
+        let batching = match (self.multipack, self.max_tokens_per_batch) {
+            (true, budget) => Batching::Multipack(Multipack {
+                // Without a budget, a bound here; `resolve_capacity` sets it
+                // from the data.
+                capacity: budget.unwrap_or(
+                    self.per_device_train_batch_size
+                        .saturating_mul(self.max_seq_len),
+                ),
+                packer: match self.multipack_algorithm {
+                    PackerArg::BestFit => Packer::BestFit,
+                    PackerArg::FirstFit => Packer::FirstFit,
+                },
+                balance: match self.multipack_balance {
+                    BalanceArg::Tokens => BalanceBy::Tokens,
+                    BalanceArg::Attention => BalanceBy::Attention,
+                },
+            }),
+            (false, Some(budget)) => Batching::TokenBudget(budget),
+            (false, None) => Batching::Examples(self.per_device_train_batch_size),
         };
+        let multipack_examples_per_bin = (self.multipack && self.max_tokens_per_batch.is_none())
+            .then_some(self.per_device_train_batch_size);
         fn demo<T>(embedded: bool, demo_value: T, hf_default: T) -> T {
             if embedded { demo_value } else { hf_default }
         }
@@ -236,6 +303,7 @@ impl TrainArgs {
             attention,
             batching,
             gradient_accumulation_steps: self.gradient_accumulation_steps,
+            world_size: 1,
             learning_rate: self
                 .learning_rate
                 .unwrap_or(demo(embedded_default, 1e-3, 5e-5)),
@@ -287,6 +355,7 @@ impl TrainArgs {
                 OverlongArg::Drop => Overlong::Drop,
             },
             gradient_checkpointing: self.gradient_checkpointing,
+            multipack_examples_per_bin,
             train,
         })
     }

@@ -124,6 +124,7 @@ fn show_packing_plans(config: &PackJob) -> anyhow::Result<()> {
                     capacity: config.capacity,
                     algorithm,
                     world_size: config.world_size,
+                    bins_per_rank: 1,
                     balance,
                     seed: config.seed,
                 },

@@ -14,7 +14,7 @@ use padfree_model::gguf::GgufFile;
 use padfree_model::tensor::{cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
 use padfree_train::outputs::{LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, prepare_output_dir};
-use padfree_train::{LogRecord, Observer, StepMetrics, Trainer};
+use padfree_train::{Batching, LogRecord, Observer, StepMetrics, TrainConfig, Trainer};
 
 use crate::args::{ModelSource, TrainJob, is_gguf};
 
@@ -26,6 +26,39 @@ const EMBEDDED_TOKENIZER_CONFIG: &str =
 
 /// Exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it.
 pub const INTERRUPTED_EXIT: u8 = 130;
+
+/// The multipack plan's figures, first epoch (and the spread over epochs).
+fn print_packing(trainer: &Trainer, config: &TrainConfig) {
+    let Batching::Multipack(multipack) = config.batching else {
+        return;
+    };
+    let reports = trainer.plan().packing();
+    let Some(first) = reports.first() else {
+        return;
+    };
+    println!(
+        "multipack ({}, balance {}): bins of {} tokens; per step {} rank(s) x {} micro-batch(es)",
+        multipack.packer.name(),
+        multipack.balance.name(),
+        multipack.capacity,
+        config.world_size,
+        config.gradient_accumulation_steps
+    );
+    for line in first.to_string().lines() {
+        println!("  epoch 1: {line}");
+    }
+    if reports.len() > 1 {
+        let efficiency: Vec<f64> = reports.iter().map(|r| r.efficiency).collect();
+        let low = efficiency.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = efficiency.iter().copied().fold(0.0, f64::max);
+        println!(
+            "  {} epochs planned: packing efficiency {:.2}%-{:.2}%",
+            reports.len(),
+            100.0 * low,
+            100.0 * high
+        );
+    }
+}
 
 /// Runs the job; `Ok(true)` when it was interrupted.
 pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
@@ -58,23 +91,26 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             .collect(),
         None => Vec::new(),
     };
+    let lengths: Vec<usize> = dataset.examples.iter().map(|e| e.len()).collect();
+    let config = job.train_config(&lengths);
     let mut trainer = match &job.resume_from_checkpoint {
         Some(dir) => Trainer::resume(
             model,
             dir,
             dataset.examples,
-            job.train.clone(),
+            config.clone(),
             &job.output_dir,
             artifacts,
         )?,
         None => Trainer::new(
             model,
             dataset.examples,
-            job.train.clone(),
+            config.clone(),
             &job.output_dir,
             artifacts,
         )?,
     };
+    print_packing(&trainer, &config);
     println!(
         "training: {} optimizer steps ({} from step {}), attention {}{}, output {}",
         trainer.plan().len(),

@@ -61,7 +61,7 @@ pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathB
     )?;
     let mut lines = String::new();
     for step in trainer.plan().steps() {
-        let batch: Vec<serde_json::Value> = step.micro_batches.concat().iter().map(|&i| {
+        let batch: Vec<serde_json::Value> = step.examples().iter().map(|&i| {
             serde_json::json!({"input_ids": examples[i].input_ids(), "labels": examples[i].labels()})
         }).collect();
         lines.push_str(&serde_json::json!({ "examples": batch }).to_string());

@@ -1,0 +1,306 @@
+//! Data-parallel communication: what the trainer needs from the ranks it
+//! runs with, and two implementations.
+//!
+//! - [`SingleProcess`]: one rank; every collective is the identity.
+//! - [`LocalGroup`]: `W` ranks as threads of one process, for tests and for
+//!   checking the data-parallel arithmetic without a launcher.
+//!
+//! An MPI implementation (`mpirun -np W`) and later NCCL plug in behind the
+//! same trait; the trainer never learns which one it has.
+//!
+//! Every implementation must give every rank the same bits: sums are taken
+//! in rank order, so a run is bit-identical for a given world size whatever
+//! the timing of the ranks.
+
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// A collective that could not complete.
+#[derive(Debug, Error)]
+#[error("rank {rank} of {world_size}: {message}\nHINT: {hint}")]
+pub struct CommError {
+    /// This process's rank.
+    pub rank: usize,
+    /// Ranks in the job.
+    pub world_size: usize,
+    /// What happened.
+    pub message: String,
+    /// What to do.
+    pub hint: String,
+}
+
+/// The ranks of a data-parallel job, as the trainer sees them.
+pub trait Communicator: Send + Sync + std::fmt::Debug {
+    /// This process's rank, `0..W`.
+    fn rank(&self) -> usize;
+    /// Ranks in the job, `W`.
+    fn world_size(&self) -> usize;
+    /// Sums `values` element-wise over all ranks, in rank order; every rank
+    /// gets the same result.
+    fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<(), CommError>;
+    /// The same for f64 (loss sums, token counts).
+    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), CommError>;
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<(), CommError>;
+    /// What carries the collectives, for the log (`single process`, `mpi`).
+    fn backend(&self) -> &'static str;
+}
+
+/// One process, one rank.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SingleProcess;
+
+impl Communicator for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum_f32(&self, _values: &mut [f32]) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, _values: &mut [f64]) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn backend(&self) -> &'static str {
+        "single process"
+    }
+}
+
+/// `W` ranks as threads of one process: [`LocalGroup::new`] gives one
+/// handle per rank, to be moved into its thread.
+///
+/// A rank whose handle is dropped (its thread returned early or panicked)
+/// breaks the group: every collective then fails on every rank instead of
+/// waiting for it, as a real launcher ends a job when one rank dies.
+#[derive(Debug)]
+pub struct LocalGroup {
+    rank: usize,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    world_size: usize,
+    state: Mutex<Round>,
+    changed: Condvar,
+}
+
+/// One collective in flight: each rank's contribution, then the result.
+#[derive(Debug, Default)]
+struct Round {
+    /// Rounds completed; a rank waits for this to move.
+    generation: u64,
+    arrived: usize,
+    slots: Vec<Option<Vec<f64>>>,
+    result: Vec<f64>,
+    /// Ranks that have read the previous result.
+    departed: usize,
+    broken: Option<String>,
+}
+
+/// How long a rank waits for the others before calling the job stuck.
+const PATIENCE: Duration = Duration::from_secs(600);
+
+impl LocalGroup {
+    /// Handles for ranks `0..world_size`.
+    pub fn new(world_size: usize) -> Vec<LocalGroup> {
+        let shared = Arc::new(Shared {
+            world_size,
+            state: Mutex::new(Round {
+                slots: vec![None; world_size],
+                departed: world_size,
+                ..Round::default()
+            }),
+            changed: Condvar::new(),
+        });
+        (0..world_size)
+            .map(|rank| LocalGroup {
+                rank,
+                shared: Arc::clone(&shared),
+            })
+            .collect()
+    }
+
+    fn error(&self, message: String) -> CommError {
+        CommError {
+            rank: self.rank,
+            world_size: self.shared.world_size,
+            message,
+            hint: "another rank stopped first: its own error is the cause".into(),
+        }
+    }
+
+    /// Every rank contributes `values`; all get the sums in rank order.
+    fn all_reduce(&self, values: &mut [f64]) -> Result<(), CommError> {
+        let shared = &*self.shared;
+        // A poisoned lock only means a rank panicked while holding it; the
+        // `broken` flag its handle's drop sets is what the others act on.
+        let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+        // Wait until every rank has read the previous round's result.
+        while state.departed < shared.world_size {
+            if let Some(why) = &state.broken {
+                return Err(self.error(why.clone()));
+            }
+            state = shared
+                .changed
+                .wait_timeout(state, PATIENCE)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        if let Some(why) = &state.broken {
+            return Err(self.error(why.clone()));
+        }
+        if state.arrived == 0 {
+            state.slots.iter_mut().for_each(|slot| *slot = None);
+        }
+        state.slots[self.rank] = Some(values.to_vec());
+        state.arrived += 1;
+        let generation = state.generation;
+        if state.arrived == shared.world_size {
+            let mut sum = vec![0.0f64; values.len()];
+            for slot in state.slots.iter().flatten() {
+                if slot.len() != sum.len() {
+                    let why = "ranks reduced buffers of different lengths".to_owned();
+                    state.broken = Some(why.clone());
+                    shared.changed.notify_all();
+                    return Err(self.error(why));
+                }
+                for (total, value) in sum.iter_mut().zip(slot) {
+                    *total += value;
+                }
+            }
+            state.result = sum;
+            state.arrived = 0;
+            state.departed = 0;
+            state.generation += 1;
+            shared.changed.notify_all();
+        } else {
+            while state.generation == generation {
+                if let Some(why) = &state.broken {
+                    return Err(self.error(why.clone()));
+                }
+                let (next, timeout) = shared
+                    .changed
+                    .wait_timeout(state, PATIENCE)
+                    .unwrap_or_else(PoisonError::into_inner);
+                state = next;
+                if timeout.timed_out() && state.generation == generation {
+                    return Err(self.error("the other ranks did not arrive".into()));
+                }
+            }
+        }
+        values.copy_from_slice(&state.result);
+        state.departed += 1;
+        if state.departed == shared.world_size {
+            shared.changed.notify_all();
+        }
+        Ok(())
+    }
+}
+
+/// A rank leaves the group when its handle drops, at the end of its run or
+/// on an error or panic: no later collective can complete, so the others'
+/// fail at once instead of waiting for it.
+impl Drop for LocalGroup {
+    fn drop(&mut self) {
+        let mut state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if state.broken.is_none() {
+            state.broken = Some(format!("rank {} stopped", self.rank));
+        }
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Communicator for LocalGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.shared.world_size
+    }
+    /// Summed in f64 in rank order, then rounded once: every rank gets the
+    /// same bits.
+    fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<(), CommError> {
+        let mut wide: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
+        self.all_reduce(&mut wide)?;
+        for (value, sum) in values.iter_mut().zip(wide) {
+            *value = sum as f32;
+        }
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), CommError> {
+        self.all_reduce(values)
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        self.all_reduce(&mut [])
+    }
+    fn backend(&self) -> &'static str {
+        "threads of one process"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_get_the_same_sums_round_after_round() {
+        let handles = LocalGroup::new(3);
+        let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = handles
+                .into_iter()
+                .map(|comm| {
+                    scope.spawn(move || {
+                        (0..20)
+                            .map(|round| {
+                                let mut values = vec![comm.rank() as f32 + round as f32, 1.0];
+                                comm.all_reduce_sum_f32(&mut values).expect("reduces");
+                                values
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("joins"))
+                .collect()
+        });
+        for round in 0..20 {
+            let expected = vec![3.0 + 3.0 * round as f32, 3.0];
+            for rank in &results {
+                assert_eq!(rank[round], expected);
+            }
+        }
+    }
+
+    #[test]
+    fn a_rank_that_dies_breaks_the_others_collectives() {
+        let mut handles = LocalGroup::new(2);
+        let survivor = handles.pop().expect("two handles");
+        let dying = handles.pop().expect("two handles");
+        let outcome = std::thread::scope(|scope| {
+            let failing = scope.spawn(move || {
+                let _comm = dying;
+                panic!("rank 0 fails on its data");
+            });
+            let waiting = scope.spawn(move || survivor.all_reduce_sum_f32(&mut [1.0]));
+            let outcome = waiting.join().expect("the survivor returns");
+            assert!(failing.join().is_err());
+            outcome
+        });
+        let err = outcome.expect_err("the survivor must not hang or succeed");
+        assert!(err.to_string().contains("rank 0 stopped"), "{err}");
+    }
+}

@@ -1,0 +1,310 @@
+//! Data-parallel training against one process: `W` ranks (threads of this
+//! process, through `LocalGroup`, the arithmetic every launcher shares) on a
+//! multipack plan give the losses and weights of one rank accumulating over
+//! the same bins, bit-identically run to run; resume continues exactly; a
+//! rank that dies stops the others instead of hanging them.
+
+use std::path::Path;
+
+use padfree_model::tensor::{IntoHostVec, cpu_device};
+use padfree_model::{LlamaConfig, LlamaModel};
+
+use padfree_train::outputs::prepare_output_dir;
+use padfree_train::{
+    BalanceBy, Batching, Communicator, LocalGroup, Multipack, Observer, Packer, SaveStrategy,
+    SingleProcess, StepMetrics, TrainConfig, TrainError, Trainer, Warmup,
+};
+
+mod common;
+use common::{examples, scratch_dir};
+
+fn config(world_size: usize, accumulation: usize, steps: usize) -> TrainConfig {
+    TrainConfig {
+        batching: Batching::Multipack(Multipack {
+            capacity: 80,
+            packer: Packer::BestFit,
+            balance: BalanceBy::Tokens,
+        }),
+        world_size,
+        gradient_accumulation_steps: accumulation,
+        learning_rate: 3e-3,
+        warmup: Warmup::Steps(1),
+        max_steps: Some(steps),
+        logging_steps: 1,
+        save_strategy: SaveStrategy::No,
+        seed: 11,
+        ..TrainConfig::default()
+    }
+}
+
+/// What a run leaves: every step's loss and the final weights.
+#[derive(Debug, Clone, PartialEq)]
+struct Outcome {
+    losses: Vec<f64>,
+    weights: Vec<Vec<f32>>,
+}
+
+fn outcome(trainer: &Trainer) -> Outcome {
+    Outcome {
+        losses: trainer.step_losses().to_vec(),
+        weights: trainer
+            .model()
+            .params()
+            .into_iter()
+            .map(|p| p.value.clone().into_vec())
+            .collect(),
+    }
+}
+
+fn fresh_model() -> LlamaModel {
+    LlamaModel::init(&LlamaConfig::tiny(), 1, &cpu_device(true)).expect("tiny model")
+}
+
+/// Runs `config` on `comms.len()` ranks, one thread each, into `dir`;
+/// `build` makes each rank's trainer. Returns every rank's outcome.
+fn run_ranks(
+    comms: Vec<Box<dyn Communicator>>,
+    build: impl Fn(Box<dyn Communicator>) -> Result<Trainer, TrainError> + Sync,
+) -> Vec<Result<Outcome, TrainError>> {
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let build = &build;
+                scope.spawn(move || {
+                    let mut trainer = build(comm)?;
+                    trainer.train(&mut ())?;
+                    Ok(outcome(&trainer))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+fn local(world: usize) -> Vec<Box<dyn Communicator>> {
+    LocalGroup::new(world)
+        .into_iter()
+        .map(|c| Box::new(c) as Box<dyn Communicator>)
+        .collect()
+}
+
+fn train(world: usize, accumulation: usize, steps: usize, dir: &Path) -> Vec<Outcome> {
+    prepare_output_dir(dir, true, false).expect("output dir");
+    let comms = if world == 1 {
+        vec![Box::new(SingleProcess) as Box<dyn Communicator>]
+    } else {
+        local(world)
+    };
+    run_ranks(comms, |comm| {
+        Trainer::new_on(
+            comm,
+            fresh_model(),
+            examples(60, 128, 5),
+            config(world, accumulation, steps),
+            dir,
+            Vec::new(),
+        )
+    })
+    .into_iter()
+    .map(|r| r.expect("rank trains"))
+    .collect()
+}
+
+/// Largest |a - b| over largest |b|, per tensor.
+fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, &x| m.max(f64::from(x).abs()))
+        .max(1e-30);
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).abs())
+        .fold(0.0, f64::max)
+        / scale
+}
+
+#[test]
+fn ranks_match_one_process_accumulating_over_the_same_bins() {
+    let dir = scratch_dir("reference");
+    let reference = train(1, 4, 5, dir.path()).remove(0);
+    for (world, accumulation) in [(2, 2), (4, 1)] {
+        let dir = scratch_dir("ranks");
+        let ranks = train(world, accumulation, 5, dir.path());
+        // Every rank ends with the same weights, bit for bit.
+        for rank in &ranks[1..] {
+            assert_eq!(rank, &ranks[0], "{world} ranks disagree");
+        }
+        let ours = &ranks[0];
+        assert_eq!(ours.losses.len(), 5);
+        for (step, (a, b)) in ours.losses.iter().zip(&reference.losses).enumerate() {
+            // Only the order of the gradient sums differs.
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs(),
+                "{world} ranks, step {}: loss {a} vs {b}",
+                step + 1
+            );
+        }
+        for (index, (a, b)) in ours.weights.iter().zip(&reference.weights).enumerate() {
+            let diff = relative_difference(a, b);
+            assert!(
+                diff <= 1e-6,
+                "{world} ranks, parameter {index}: relative {diff:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_same_world_size_twice_is_bit_identical() {
+    let (a, b) = (scratch_dir("twice-a"), scratch_dir("twice-b"));
+    let first = train(2, 1, 4, a.path()).remove(0);
+    let second = train(2, 1, 4, b.path()).remove(0);
+    let bits =
+        |o: &Outcome| -> Vec<u32> { o.weights.iter().flatten().map(|x| x.to_bits()).collect() };
+    assert_eq!(bits(&first), bits(&second));
+    assert_eq!(
+        first.losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        second
+            .losses
+            .iter()
+            .map(|l| l.to_bits())
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn resume_on_two_ranks_continues_exactly() {
+    let straight_dir = scratch_dir("resume-straight");
+    let straight = train(2, 1, 4, straight_dir.path()).remove(0);
+
+    let dir = scratch_dir("resume-cut");
+    prepare_output_dir(dir.path(), true, false).expect("output dir");
+    let saving = TrainConfig {
+        save_strategy: SaveStrategy::Steps(2),
+        ..config(2, 1, 4)
+    };
+    // Stop both ranks after step 2, as Ctrl-C does: a checkpoint is written.
+    struct StopAfter(usize, usize);
+    impl Observer for StopAfter {
+        fn on_step(&mut self, metrics: &StepMetrics, _total: usize) {
+            self.1 = metrics.step;
+        }
+        fn stop_requested(&self) -> bool {
+            self.1 >= self.0
+        }
+    }
+    let stopped = std::thread::scope(|scope| {
+        let threads: Vec<_> = local(2)
+            .into_iter()
+            .map(|comm| {
+                let saving = saving.clone();
+                let dir = dir.path();
+                scope.spawn(move || {
+                    let mut trainer = Trainer::new_on(
+                        comm,
+                        fresh_model(),
+                        examples(60, 128, 5),
+                        saving,
+                        dir,
+                        Vec::new(),
+                    )
+                    .expect("trainer");
+                    let summary = trainer.train(&mut StopAfter(2, 0)).expect("trains");
+                    (summary.interrupted, trainer.global_step())
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank"))
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(stopped, vec![(true, 2), (true, 2)]);
+    let checkpoint = dir.path().join("checkpoint-2");
+    let resumed = run_ranks(local(2), |comm| {
+        let weights = LlamaModel::from_hf_dir(&checkpoint, &cpu_device(true)).expect("loads");
+        Trainer::resume_on(
+            comm,
+            weights,
+            &checkpoint,
+            examples(60, 128, 5),
+            saving.clone(),
+            dir.path(),
+            Vec::new(),
+        )
+    });
+    for rank in resumed {
+        let rank = rank.expect("resumes and trains");
+        assert_eq!(
+            rank.losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+            straight
+                .losses
+                .iter()
+                .map(|l| l.to_bits())
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(rank.weights, straight.weights);
+    }
+    // Another world size cannot continue this run.
+    let weights = LlamaModel::from_hf_dir(&checkpoint, &cpu_device(true)).expect("loads");
+    let err = Trainer::resume(
+        weights,
+        &checkpoint,
+        examples(60, 128, 5),
+        TrainConfig {
+            world_size: 1,
+            ..saving.clone()
+        },
+        dir.path(),
+        Vec::new(),
+    )
+    .expect_err("one rank cannot continue a two-rank run");
+    assert!(err.to_string().contains("world_size"), "{err}");
+}
+
+#[test]
+fn a_rank_that_dies_stops_the_others_with_an_error() {
+    let dir = scratch_dir("dies");
+    prepare_output_dir(dir.path(), true, false).expect("output dir");
+    struct DieAt(usize);
+    impl Observer for DieAt {
+        fn on_step(&mut self, metrics: &StepMetrics, _total: usize) {
+            assert!(metrics.step < self.0, "rank dies at step {}", metrics.step);
+        }
+    }
+    let started = std::time::Instant::now();
+    let results = std::thread::scope(|scope| {
+        let threads: Vec<_> = local(2)
+            .into_iter()
+            .map(|comm| {
+                let dir = dir.path();
+                scope.spawn(move || {
+                    let rank = comm.rank();
+                    let mut trainer = Trainer::new_on(
+                        comm,
+                        fresh_model(),
+                        examples(60, 128, 5),
+                        config(2, 1, 6),
+                        dir,
+                        Vec::new(),
+                    )
+                    .expect("trainer");
+                    let mut dies = DieAt(if rank == 1 { 2 } else { usize::MAX });
+                    trainer.train(&mut dies).map(|_| ())
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join()).collect::<Vec<_>>()
+    });
+    assert!(results[1].is_err(), "rank 1 panicked");
+    let survivor = results[0].as_ref().expect("rank 0 returns");
+    let err = survivor
+        .as_ref()
+        .expect_err("rank 0 cannot finish without rank 1");
+    assert!(err.to_string().contains("rank 1 stopped"), "{err}");
+    assert!(started.elapsed().as_secs() < 60);
+}
