@@ -3,12 +3,14 @@
 //! `args/` holds every command's flags: clap parses them into plain values,
 //! then `validate` turns them into a typed job once. `commands/` runs the
 //! jobs. `clock.rs` names run directories and dates reports;
-//! `allocator.rs` keeps glibc's malloc from returning memory between steps.
+//! `allocator.rs` keeps glibc's malloc from returning memory between steps;
+//! `ranks.rs` says which data-parallel rank this process is (MPI).
 
 mod allocator;
 mod args;
 mod clock;
 mod commands;
+mod ranks;
 
 use clap::Parser;
 
@@ -33,6 +35,7 @@ fn main() -> std::process::ExitCode {
         Ok(true) => std::process::ExitCode::from(commands::train::INTERRUPTED_EXIT),
         Err(err) => {
             eprintln!("error: {err:#}");
+            ranks::end_job_after_error();
             std::process::ExitCode::FAILURE
         }
     }

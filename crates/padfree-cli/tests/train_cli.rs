@@ -3,53 +3,10 @@
 //! continues bit-identically; SmolLM2-135M fine-tunes from its GGUF.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-/// A fresh directory under the system temp dir, removed (with all it holds)
-/// when the returned guard is dropped.
-fn scratch(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("padfree-cli-{name}-"))
-        .tempdir()
-        .expect("scratch dir")
-}
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
-}
-
-fn padfree(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_padfree"))
-        .args(args)
-        .output()
-        .expect("runs padfree")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// A `tiny`-shaped config whose vocabulary holds the shipped tokenizer.
-fn tiny_config_with_shipped_vocab(dir: &Path) -> String {
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": 4096, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "tie_word_embeddings": true, "hidden_act": "silu"
-    });
-    let path = dir.join("config.json");
-    std::fs::write(&path, config.to_string()).expect("write config");
-    path.display().to_string()
-}
-
-fn first_records(count: usize) -> String {
-    let text =
-        std::fs::read_to_string(repo("data/gsm-symbolic/train.jsonl")).expect("shipped data");
-    text.lines().take(count).map(|l| format!("{l}\n")).collect()
-}
+mod common;
+use common::{first_records, padfree, repo, scratch, stderr, tiny_config_with_shipped_vocab};
 
 #[test]
 fn bad_data_files_name_the_file_line_and_field() {
@@ -381,20 +338,23 @@ fn smollm2_fine_tunes_from_its_gguf() {
     );
 }
 
-#[test]
-fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
-    let dir_guard = scratch("bench");
+/// `padfree bench` of the tiny config on 24 shipped records, 1 warm-up and
+/// 2 timed steps of 4 examples, 1 thread, plus `extra` flags. Returns the
+/// scratch guard, the output directory and the process output.
+fn bench(name: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf, std::process::Output) {
+    let dir_guard = scratch(name);
     let dir = dir_guard.path();
     let config = tiny_config_with_shipped_vocab(dir);
     let data = dir.join("train.jsonl");
     std::fs::write(&data, first_records(24)).expect("write data");
     let out = dir.join("out");
-    let output = padfree(&[
+    let (data, out_arg) = (data.display().to_string(), out.display().to_string());
+    let mut args = vec![
         "bench",
         "--config",
         &config,
         "--data",
-        &data.display().to_string(),
+        &data,
         "--max-steps",
         "2",
         "--timing-warmup-steps",
@@ -403,11 +363,17 @@ fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
         "4",
         "--threads",
         "1",
-        "--repeats",
-        "2",
         "--output-dir",
-        &out.display().to_string(),
-    ]);
+        &out_arg,
+    ];
+    args.extend_from_slice(extra);
+    let output = padfree(&args);
+    (dir_guard, out, output)
+}
+
+#[test]
+fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
+    let (_guard, out, output) = bench("bench", &["--repeats", "2"]);
     assert!(output.status.success(), "{}", stderr(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     for expected in [
@@ -458,6 +424,41 @@ fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
     for (a, b) in losses(padded).iter().zip(losses(varlen)) {
         assert!((a - b).abs() <= 1e-4 * b.abs(), "padded {a} vs varlen {b}");
     }
+}
+
+/// `padfree bench --modes ...-multipack`: the rows on multipack bins, padded
+/// and padding-free on the same bins, beside the fixed-batch row.
+#[test]
+fn bench_has_multipack_rows() {
+    let (_guard, out, output) = bench(
+        "bench-multipack",
+        &["--modes", "varlen,varlen-multipack,padded-multipack"],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for expected in [
+        "padfree, padding-free, multipack bins",
+        "padfree, padded, multipack bins",
+        "padding-free on multipack bins vs on fixed batches",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "`{expected}` missing from:\n{stdout}"
+        );
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).expect("json"))
+            .expect("valid json");
+    let results = report["results"].as_array().expect("results");
+    let field = |r: &serde_json::Value, name: &str| r[name].as_f64().unwrap_or(f64::NAN);
+    let (packed, padded_packed) = (&results[1], &results[2]);
+    assert_eq!(packed["mode"], "varlen-multipack");
+    assert_eq!(
+        field(packed, "real_tokens"),
+        field(padded_packed, "real_tokens"),
+        "the same bins"
+    );
+    assert!(field(padded_packed, "fed_tokens") > field(padded_packed, "real_tokens"));
 }
 
 /// The HF peer runs in the user's environment: without the malloc tunables

@@ -12,7 +12,7 @@ use padfree_model::{LlamaConfig, LlamaModel};
 use padfree_train::outputs::prepare_output_dir;
 use padfree_train::{
     BalanceBy, Batching, Communicator, LocalGroup, Multipack, Observer, Packer, SaveStrategy,
-    SingleProcess, StepMetrics, TrainConfig, TrainError, Trainer, Warmup,
+    StepMetrics, TrainConfig, TrainError, Trainer, Warmup,
 };
 
 mod common;
@@ -63,7 +63,7 @@ fn fresh_model() -> LlamaModel {
 /// Runs `config` on `comms.len()` ranks, one thread each, into `dir`;
 /// `build` makes each rank's trainer. Returns every rank's outcome.
 fn run_ranks(
-    comms: Vec<Box<dyn Communicator>>,
+    comms: Vec<LocalGroup>,
     build: impl Fn(Box<dyn Communicator>) -> Result<Trainer, TrainError> + Sync,
 ) -> Vec<Result<Outcome, TrainError>> {
     std::thread::scope(|scope| {
@@ -72,7 +72,7 @@ fn run_ranks(
             .map(|comm| {
                 let build = &build;
                 scope.spawn(move || {
-                    let mut trainer = build(comm)?;
+                    let mut trainer = build(Box::new(comm))?;
                     trainer.train(&mut ())?;
                     Ok(outcome(&trainer))
                 })
@@ -85,21 +85,10 @@ fn run_ranks(
     })
 }
 
-fn local(world: usize) -> Vec<Box<dyn Communicator>> {
-    LocalGroup::new(world)
-        .into_iter()
-        .map(|c| Box::new(c) as Box<dyn Communicator>)
-        .collect()
-}
-
 fn train(world: usize, accumulation: usize, steps: usize, dir: &Path) -> Vec<Outcome> {
     prepare_output_dir(dir, true, false).expect("output dir");
-    let comms = if world == 1 {
-        vec![Box::new(SingleProcess) as Box<dyn Communicator>]
-    } else {
-        local(world)
-    };
-    run_ranks(comms, |comm| {
+    // One rank is a group of one: every collective is the identity.
+    run_ranks(LocalGroup::new(world), |comm| {
         Trainer::new_on(
             comm,
             fresh_model(),
@@ -198,14 +187,14 @@ fn resume_on_two_ranks_continues_exactly() {
         }
     }
     let stopped = std::thread::scope(|scope| {
-        let threads: Vec<_> = local(2)
+        let threads: Vec<_> = LocalGroup::new(2)
             .into_iter()
             .map(|comm| {
                 let saving = saving.clone();
                 let dir = dir.path();
                 scope.spawn(move || {
                     let mut trainer = Trainer::new_on(
-                        comm,
+                        Box::new(comm),
                         fresh_model(),
                         examples(60, 128, 5),
                         saving,
@@ -225,7 +214,7 @@ fn resume_on_two_ranks_continues_exactly() {
     });
     assert_eq!(stopped, vec![(true, 2), (true, 2)]);
     let checkpoint = dir.path().join("checkpoint-2");
-    let resumed = run_ranks(local(2), |comm| {
+    let resumed = run_ranks(LocalGroup::new(2), |comm| {
         let weights = LlamaModel::from_hf_dir(&checkpoint, &cpu_device(true)).expect("loads");
         Trainer::resume_on(
             comm,
@@ -278,14 +267,14 @@ fn a_rank_that_dies_stops_the_others_with_an_error() {
     }
     let started = std::time::Instant::now();
     let results = std::thread::scope(|scope| {
-        let threads: Vec<_> = local(2)
+        let threads: Vec<_> = LocalGroup::new(2)
             .into_iter()
             .map(|comm| {
                 let dir = dir.path();
                 scope.spawn(move || {
                     let rank = comm.rank();
                     let mut trainer = Trainer::new_on(
-                        comm,
+                        Box::new(comm),
                         fresh_model(),
                         examples(60, 128, 5),
                         config(2, 1, 6),

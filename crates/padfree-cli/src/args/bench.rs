@@ -6,9 +6,64 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use padfree_data::{FieldNames, Overlong};
-use padfree_train::{AttentionMode, Batching, SaveStrategy, SchedulerKind, TrainConfig, Warmup};
+use padfree_train::{
+    AttentionMode, BalanceBy, Batching, Multipack, Packer, SaveStrategy, SchedulerKind,
+    TrainConfig, Warmup,
+};
 
-use super::train::{ModelSource, TrainJob, attention_mode};
+use super::train::{ModelSource, TrainJob};
+
+/// One row of the bench table: an attention mode, on fixed batches of
+/// `--per-device-train-batch-size` examples or on multipack bins of that
+/// many mean-length examples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BenchMode {
+    pub attention: AttentionMode,
+    pub multipack: bool,
+}
+
+impl BenchMode {
+    /// The rows run when --modes is not given.
+    pub const DEFAULT: [&'static str; 3] = ["padded", "varlen-per-layer", "varlen"];
+    /// Every row name --modes takes.
+    pub const NAMES: [&'static str; 5] = [
+        "padded",
+        "varlen-per-layer",
+        "varlen",
+        "padded-multipack",
+        "varlen-multipack",
+    ];
+
+    /// The name used by --modes and in bench.json.
+    pub fn name(self) -> String {
+        if self.multipack {
+            format!("{}-multipack", self.attention.name())
+        } else {
+            self.attention.name().to_owned()
+        }
+    }
+}
+
+impl std::str::FromStr for BenchMode {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        let (attention, multipack) = match name.strip_suffix("-multipack") {
+            Some(attention) => (attention, true),
+            None => (name, false),
+        };
+        Ok(Self {
+            attention: attention.parse()?,
+            multipack,
+        })
+    }
+}
+
+fn bench_mode() -> impl clap::builder::TypedValueParser<Value = BenchMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(BenchMode::NAMES)
+        .try_map(|name| name.parse::<BenchMode>())
+}
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -36,9 +91,10 @@ pub struct BenchArgs {
     /// CPU threads of every run (RAYON_NUM_THREADS); default: all cores.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Modes to run, in order.
-    #[arg(long, value_parser = attention_mode(), value_delimiter = ',', default_values = AttentionMode::ALL.map(AttentionMode::name))]
-    pub modes: Vec<AttentionMode>,
+    /// Modes to run, in order (`-multipack`: the same attention on multipack
+    /// bins of --per-device-train-batch-size mean-length examples).
+    #[arg(long, value_parser = bench_mode(), value_delimiter = ',', default_values = BenchMode::DEFAULT)]
+    pub modes: Vec<BenchMode>,
     #[arg(long, default_value_t = 1e-3)]
     pub learning_rate: f64,
     /// Seeds initialisation and data order (the same in every mode).
@@ -65,8 +121,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub peer_python: Option<PathBuf>,
     /// Internal: run one mode in this process and write its result here.
-    #[arg(long, hide = true, requires = "child_result", value_parser = attention_mode())]
-    pub child_mode: Option<AttentionMode>,
+    #[arg(long, hide = true, requires = "child_result", value_parser = bench_mode())]
+    pub child_mode: Option<BenchMode>,
     #[arg(long, hide = true)]
     pub child_result: Option<PathBuf>,
 }
@@ -85,7 +141,7 @@ pub enum Peer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Child {
     /// The mode to train.
-    pub mode: AttentionMode,
+    pub mode: BenchMode,
     /// Where its result goes (JSON).
     pub result: PathBuf,
 }
@@ -102,7 +158,7 @@ pub struct BenchJob {
     pub timing_warmup_steps: usize,
     /// CPU threads of every run, resolved (all cores unless --threads).
     pub threads: usize,
-    pub modes: Vec<AttentionMode>,
+    pub modes: Vec<BenchMode>,
     pub learning_rate: f64,
     pub seed: u64,
     pub max_seq_len: usize,
@@ -151,7 +207,10 @@ impl BenchArgs {
             repeats: self.repeats,
         };
         // Every mode shares these settings: refuse bad ones before any run.
-        job.train_job(AttentionMode::Varlen)?;
+        job.train_job(BenchMode {
+            attention: AttentionMode::Varlen,
+            multipack: false,
+        })?;
         Ok(job)
     }
 }
@@ -159,14 +218,25 @@ impl BenchArgs {
 impl BenchJob {
     /// The `padfree train` job of one mode: the same model, data, seed and
     /// steps in every mode, nothing saved.
-    pub fn train_job(&self, mode: AttentionMode) -> anyhow::Result<TrainJob> {
+    /// Multipack rows get their bin capacity from the data
+    /// (`TrainJob::train_config`).
+    pub fn train_job(&self, mode: BenchMode) -> anyhow::Result<TrainJob> {
         let model = match &self.model {
             Some(path) => ModelSource::from_model_path(path),
             None => ModelSource::Init(self.config.clone()),
         };
+        let batch = self.per_device_train_batch_size;
         let train = TrainConfig {
-            attention: mode,
-            batching: Batching::Examples(self.per_device_train_batch_size),
+            attention: mode.attention,
+            batching: if mode.multipack {
+                Batching::Multipack(Multipack {
+                    capacity: batch.saturating_mul(self.max_seq_len),
+                    packer: Packer::BestFit,
+                    balance: BalanceBy::Tokens,
+                })
+            } else {
+                Batching::Examples(batch)
+            },
             learning_rate: self.learning_rate,
             lr_scheduler_type: SchedulerKind::Linear,
             warmup: Warmup::Steps(0),
@@ -183,6 +253,7 @@ impl BenchJob {
             tokenizer: self.tokenizer.clone(),
             data: self.data.clone(),
             output_dir: PathBuf::new(),
+            output_dir_defaulted: false,
             overwrite_output_dir: false,
             resume_from_checkpoint: None,
             fields: FieldNames::default(),
@@ -191,7 +262,7 @@ impl BenchJob {
             max_seq_len: self.max_seq_len,
             overlong: Overlong::Truncate,
             gradient_checkpointing: false,
-            multipack_examples_per_bin: None,
+            multipack_examples_per_bin: mode.multipack.then_some(batch),
             train,
         })
     }

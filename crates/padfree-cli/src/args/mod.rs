@@ -10,7 +10,7 @@ mod train;
 
 use clap::{Parser, Subcommand};
 
-pub use bench::{BenchArgs, BenchJob, Peer};
+pub use bench::{BenchArgs, BenchJob, BenchMode, Peer};
 pub use pack::{PackArgs, PackJob};
 pub use train::{ModelSource, TrainArgs, TrainJob, is_gguf};
 

@@ -211,6 +211,9 @@ pub struct TrainJob {
     pub tokenizer: Option<PathBuf>,
     pub data: Option<PathBuf>,
     pub output_dir: PathBuf,
+    /// No --output-dir given: `output_dir` is this process's own
+    /// `runs/train-<time>` (refused with several ranks).
+    pub output_dir_defaulted: bool,
     pub overwrite_output_dir: bool,
     pub resume_from_checkpoint: Option<PathBuf>,
     pub fields: FieldNames,
@@ -337,6 +340,7 @@ impl TrainArgs {
             model,
             tokenizer: self.tokenizer,
             data: self.data,
+            output_dir_defaulted: self.output_dir.is_none(),
             output_dir: self
                 .output_dir
                 .unwrap_or_else(|| crate::clock::run_dir("train")),

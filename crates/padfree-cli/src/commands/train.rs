@@ -18,6 +18,15 @@ use padfree_train::{Batching, LogRecord, Observer, StepMetrics, TrainConfig, Tra
 
 use crate::args::{ModelSource, TrainJob, is_gguf};
 
+/// `println!` on the lead rank only (the only process, or rank 0 under MPI).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        if crate::ranks::is_lead() {
+            println!($($arg)*);
+        }
+    };
+}
+
 const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
 const EMBEDDED_DATA: &str = include_str!("../../../../data/gsm-symbolic/train.jsonl");
 const EMBEDDED_TOKENIZER: &[u8] = include_bytes!("../../../../data/gsm-symbolic/tokenizer.json");
@@ -36,7 +45,7 @@ fn print_packing(trainer: &Trainer, config: &TrainConfig) {
     let Some(first) = reports.first() else {
         return;
     };
-    println!(
+    say!(
         "multipack ({}, balance {}): bins of {} tokens; per step {} rank(s) x {} micro-batch(es)",
         multipack.packer.name(),
         multipack.balance.name(),
@@ -45,13 +54,13 @@ fn print_packing(trainer: &Trainer, config: &TrainConfig) {
         config.gradient_accumulation_steps
     );
     for line in first.to_string().lines() {
-        println!("  epoch 1: {line}");
+        say!("  epoch 1: {line}");
     }
     if reports.len() > 1 {
         let efficiency: Vec<f64> = reports.iter().map(|r| r.efficiency).collect();
         let low = efficiency.iter().copied().fold(f64::INFINITY, f64::min);
         let high = efficiency.iter().copied().fold(0.0, f64::max);
-        println!(
+        say!(
             "  {} epochs planned: packing efficiency {:.2}%-{:.2}%",
             reports.len(),
             100.0 * low,
@@ -63,16 +72,30 @@ fn print_packing(trainer: &Trainer, config: &TrainConfig) {
 /// Runs the job; `Ok(true)` when it was interrupted.
 pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     if job.embedded_default {
-        println!(
+        say!(
             "padfree train: no --model/--config/--tokenizer/--data given, so this is the built-in demo:"
         );
-        println!(
+        say!(
             "  the `small` preset (random init) on the shipped maths word problems with the shipped tokenizer;"
         );
-        println!(
+        say!(
             "  unless given, --max-steps 100 --learning-rate 1e-3 --warmup-steps 10 --logging-steps 10,"
         );
-        println!("  other flags at their HF TrainingArguments defaults\n");
+        say!("  other flags at their HF TrainingArguments defaults\n");
+    }
+    let comm = crate::ranks::communicator()?;
+    let (rank, world_size) = (comm.rank(), comm.world_size());
+    if world_size > 1 {
+        if job.output_dir_defaulted {
+            bail!(
+                "running as {world_size} ranks: every rank must write to the same place\nHINT: give --output-dir"
+            );
+        }
+        say!(
+            "data-parallel: {world_size} ranks over {}, {} threads each",
+            comm.backend(),
+            rayon::current_num_threads()
+        );
     }
     let Loaded {
         model,
@@ -81,7 +104,11 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     } = load(job)?;
 
     let resuming = job.resume_from_checkpoint.is_some();
-    prepare_output_dir(&job.output_dir, job.overwrite_output_dir, resuming)?;
+    if rank == 0 {
+        prepare_output_dir(&job.output_dir, job.overwrite_output_dir, resuming)?;
+    }
+    // No rank looks into the directory before rank 0 has checked it.
+    comm.barrier()?;
     let artifacts = match &tokenizer {
         Some(tokenizer) => tokenizer
             .hf_files()
@@ -92,9 +119,11 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         None => Vec::new(),
     };
     let lengths: Vec<usize> = dataset.examples.iter().map(|e| e.len()).collect();
-    let config = job.train_config(&lengths);
+    let mut config = job.train_config(&lengths);
+    config.world_size = world_size;
     let mut trainer = match &job.resume_from_checkpoint {
-        Some(dir) => Trainer::resume(
+        Some(dir) => Trainer::resume_on(
+            comm,
             model,
             dir,
             dataset.examples,
@@ -102,7 +131,8 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             &job.output_dir,
             artifacts,
         )?,
-        None => Trainer::new(
+        None => Trainer::new_on(
+            comm,
             model,
             dataset.examples,
             config.clone(),
@@ -111,7 +141,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         )?,
     };
     print_packing(&trainer, &config);
-    println!(
+    say!(
         "training: {} optimizer steps ({} from step {}), attention {}{}, output {}",
         trainer.plan().len(),
         trainer.plan().len() - trainer.global_step(),
@@ -124,24 +154,24 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         },
         job.output_dir.display()
     );
-    let mut progress = Progress::new(trainer.plan().len(), trainer.global_step())?;
+    let mut progress = Progress::new(trainer.plan().len(), trainer.global_step(), rank)?;
     let summary = trainer.train(&mut progress)?;
     progress.bar.finish_and_clear();
-    println!("\n***** train metrics *****\n{summary}");
+    say!("\n***** train metrics *****\n{summary}");
     if summary.interrupted {
         match trainer.last_checkpoint() {
-            Some(dir) => println!(
+            Some(dir) => say!(
                 "\ninterrupted after step {}: saved {}\nresume with: --resume-from-checkpoint {}",
                 summary.global_step,
                 dir.display(),
                 dir.display()
             ),
-            None => println!("\ninterrupted before the first step: nothing saved"),
+            None => say!("\ninterrupted before the first step: nothing saved"),
         }
         return Ok(true);
     }
     let out = &job.output_dir;
-    println!(
+    say!(
         "\nwrote {} (model.safetensors, config.json, tokenizer files), {}, {}, {}",
         out.display(),
         out.join(METRICS_FILE).display(),
@@ -162,7 +192,7 @@ pub struct Loaded {
 pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
     let model = load_model(job)?;
     let config = model.config().clone();
-    println!(
+    say!(
         "model: {} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}, {:.1}M parameters)",
         describe_model(job),
         config.num_hidden_layers,
@@ -175,7 +205,7 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
     let tokenizer = load_tokenizer(job, config.vocab_size)?;
     if let Some(tokenizer) = &tokenizer {
         check_vocabularies(tokenizer, &config)?;
-        println!(
+        say!(
             "tokenizer: {} ({} tokens)",
             tokenizer.source_name(),
             tokenizer.vocab_size()
@@ -197,7 +227,7 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
         vocab_limit: config.vocab_size,
     };
     let dataset = tokenize_records(&data_name, &records, tokenizer.as_ref(), &tokenize)?;
-    println!("data: {}: {}", data_name.display(), dataset.report);
+    say!("data: {}: {}", data_name.display(), dataset.report);
     Ok(Loaded {
         model,
         tokenizer,
@@ -321,11 +351,16 @@ fn check_vocabularies(tokenizer: &TextTokenizer, config: &LlamaConfig) -> anyhow
 struct Progress {
     bar: ProgressBar,
     stop: Arc<AtomicBool>,
+    rank: usize,
 }
 
 impl Progress {
-    fn new(total_steps: usize, done: usize) -> anyhow::Result<Self> {
-        let bar = ProgressBar::new(total_steps as u64);
+    fn new(total_steps: usize, done: usize, rank: usize) -> anyhow::Result<Self> {
+        let bar = if crate::ranks::is_lead() {
+            ProgressBar::new(total_steps as u64)
+        } else {
+            ProgressBar::hidden()
+        };
         bar.set_style(
             ProgressStyle::with_template(
                 "{bar:30.cyan/blue} {pos}/{len} steps [{elapsed_precise}<{eta_precise}] {msg}",
@@ -344,7 +379,7 @@ impl Progress {
             eprintln!("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to quit now)");
         })
         .context("installing the Ctrl-C handler")?;
-        Ok(Self { bar, stop })
+        Ok(Self { bar, stop, rank })
     }
 }
 
@@ -353,7 +388,7 @@ impl Progress {
     /// not a terminal), where indicatif would drop it.
     fn line(&self, text: &str) {
         if self.bar.is_hidden() {
-            println!("{text}");
+            say!("{text}");
         } else {
             self.bar.println(text);
         }
@@ -362,6 +397,13 @@ impl Progress {
 
 impl Observer for Progress {
     fn on_step(&mut self, metrics: &StepMetrics, _total_steps: usize) {
+        if crate::ranks::injected_fault(self.rank, metrics.step) {
+            eprintln!(
+                "rank {}: PADFREE_FAULT: exiting after step {}",
+                self.rank, metrics.step
+            );
+            std::process::exit(1);
+        }
         self.bar.set_position(metrics.step as u64);
         self.bar.set_message(format!(
             "{:.2} it/s, {:.0} tok/s, loss {:.4}",

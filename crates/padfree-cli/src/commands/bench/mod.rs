@@ -16,10 +16,10 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use padfree_model::flops::{StepWork, training_flops};
 use padfree_train::checkpoint::write_atomically;
-use padfree_train::{AttentionMode, Trainer, peak_memory_bytes};
+use padfree_train::{Trainer, peak_memory_bytes};
 use serde::{Deserialize, Serialize};
 
-use crate::args::{BenchJob, Peer};
+use crate::args::{BenchJob, BenchMode, Peer};
 use crate::commands::train;
 use report::Report;
 
@@ -48,7 +48,7 @@ pub struct ModeResult {
 
 impl BenchJob {
     /// The flags a child process gets: everything that shapes the run.
-    fn child_args(&self, mode: AttentionMode, result: &Path) -> Vec<String> {
+    fn child_args(&self, mode: BenchMode, result: &Path) -> Vec<String> {
         let mut args: Vec<String> = vec!["bench".into(), "--config".into(), self.config.clone()];
         let mut path = |flag: &str, value: &Option<PathBuf>| {
             if let Some(value) = value {
@@ -72,7 +72,7 @@ impl BenchJob {
             ("--learning-rate", self.learning_rate.to_string()),
             ("--seed", self.seed.to_string()),
             ("--max-seq-len", self.max_seq_len.to_string()),
-            ("--child-mode", mode.name().to_owned()),
+            ("--child-mode", mode.name()),
             ("--child-result", result.display().to_string()),
         ] {
             args.push(flag.into());
@@ -176,12 +176,12 @@ fn measure_peak(threads: usize) -> anyhow::Result<Peak> {
 }
 
 /// One padfree mode in a child process.
-fn run_mode(args: &BenchJob, mode: AttentionMode, output_dir: &Path) -> anyhow::Result<ModeResult> {
+fn run_mode(args: &BenchJob, mode: BenchMode, output_dir: &Path) -> anyhow::Result<ModeResult> {
     let exe = std::env::current_exe().context("finding the padfree binary")?;
     let result_path = output_dir.join(format!(".result-{}.json", mode.name()));
     println!(
         "running {} ({} + {} steps) ...",
-        report::label(mode.name()),
+        report::label(&mode.name()),
         args.timing_warmup_steps,
         args.max_steps
     );
@@ -204,7 +204,7 @@ fn run_mode(args: &BenchJob, mode: AttentionMode, output_dir: &Path) -> anyhow::
     Ok(result)
 }
 
-fn run_child(args: &BenchJob, mode: AttentionMode, result: &Path) -> anyhow::Result<()> {
+fn run_child(args: &BenchJob, mode: BenchMode, result: &Path) -> anyhow::Result<()> {
     // The trainer wants an output directory; nothing is saved there.
     let scratch = std::env::temp_dir().join(format!("padfree-bench-{}", std::process::id()));
     let outcome = timed_run(args, mode, &scratch);
@@ -214,15 +214,16 @@ fn run_child(args: &BenchJob, mode: AttentionMode, result: &Path) -> anyhow::Res
 }
 
 /// Trains `mode` for the warm-up and timed steps and measures the timed ones.
-fn timed_run(args: &BenchJob, mode: AttentionMode, scratch: &Path) -> anyhow::Result<ModeResult> {
+fn timed_run(args: &BenchJob, mode: BenchMode, scratch: &Path) -> anyhow::Result<ModeResult> {
     let job = args.train_job(mode)?;
     let loaded = train::load(&job)?;
     let config = loaded.model.config().clone();
     let mut model_flops = 0.0;
+    let lengths: Vec<usize> = loaded.dataset.examples.iter().map(|e| e.len()).collect();
     let mut trainer = Trainer::new(
         loaded.model,
         loaded.dataset.examples,
-        job.train.clone(),
+        job.train_config(&lengths),
         scratch,
         Vec::new(),
     )?;
@@ -248,7 +249,7 @@ fn timed_run(args: &BenchJob, mode: AttentionMode, scratch: &Path) -> anyhow::Re
     }
     let runtime = f64::max(seconds, 1e-9);
     let outcome = ModeResult {
-        mode: mode.name().to_owned(),
+        mode: mode.name(),
         timed_steps: args.max_steps,
         train_runtime: seconds,
         real_tokens: real,

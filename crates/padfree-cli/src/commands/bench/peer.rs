@@ -9,6 +9,8 @@ use anyhow::{Context, bail};
 use padfree_train::checkpoint::write_atomically;
 use padfree_train::{AttentionMode, Trainer};
 
+use crate::args::BenchMode;
+
 use super::ModeResult;
 use crate::args::BenchJob;
 use crate::commands::train;
@@ -48,7 +50,10 @@ pub(super) fn environment() -> anyhow::Result<PathBuf> {
 /// trains with, for the HF peer; returns the folder.
 pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathBuf> {
     let peer_dir = output_dir.join("peer");
-    let job = args.train_job(AttentionMode::Varlen)?;
+    let job = args.train_job(BenchMode {
+        attention: AttentionMode::Varlen,
+        multipack: false,
+    })?;
     let loaded = train::load(&job)?;
     loaded.model.save_hf_dir(&peer_dir.join("model"))?;
     let examples = loaded.dataset.examples.clone();

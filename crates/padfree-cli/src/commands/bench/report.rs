@@ -17,6 +17,8 @@ pub(super) fn label(mode: &str) -> &str {
         "padded" => "padfree, padded",
         "varlen-per-layer" => "padfree, padding-free, metadata derived in every layer",
         "varlen" => "padfree, padding-free, metadata from the collator",
+        "varlen-multipack" => "padfree, padding-free, multipack bins",
+        "padded-multipack" => "padfree, padded, multipack bins",
         "hf-padded" => "HF transformers, padded",
         "hf-flattening" => "HF transformers, DataCollatorWithFlattening",
         other => other,
@@ -152,6 +154,12 @@ impl Report {
             out.push(format!(
                 "- metadata from the collator vs derived in every layer: {:.3}x real tokens/s.",
                 varlen.real_tokens_per_second / per_layer.real_tokens_per_second
+            ));
+        }
+        if let (Some(fixed), Some(packed)) = (find("varlen"), find("varlen-multipack")) {
+            out.push(format!(
+                "- padding-free on multipack bins vs on fixed batches: {:.3}x real tokens/s (different batches: the bins hold about as many examples, balanced by tokens).",
+                packed.real_tokens_per_second / fixed.real_tokens_per_second
             ));
         }
         if let (Some(ours), Some(theirs)) = (find("varlen"), find("hf-flattening")) {

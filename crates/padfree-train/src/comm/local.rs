@@ -1,77 +1,9 @@
-//! Data-parallel communication: what the trainer needs from the ranks it
-//! runs with, and two implementations.
-//!
-//! - [`SingleProcess`]: one rank; every collective is the identity.
-//! - [`LocalGroup`]: `W` ranks as threads of one process, for tests and for
-//!   checking the data-parallel arithmetic without a launcher.
-//!
-//! An MPI implementation (`mpirun -np W`) and later NCCL plug in behind the
-//! same trait; the trainer never learns which one it has.
-//!
-//! Every implementation must give every rank the same bits: sums are taken
-//! in rank order, so a run is bit-identical for a given world size whatever
-//! the timing of the ranks.
+//! `W` ranks as threads of one process.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use thiserror::Error;
-
-/// A collective that could not complete.
-#[derive(Debug, Error)]
-#[error("rank {rank} of {world_size}: {message}\nHINT: {hint}")]
-pub struct CommError {
-    /// This process's rank.
-    pub rank: usize,
-    /// Ranks in the job.
-    pub world_size: usize,
-    /// What happened.
-    pub message: String,
-    /// What to do.
-    pub hint: String,
-}
-
-/// The ranks of a data-parallel job, as the trainer sees them.
-pub trait Communicator: Send + Sync + std::fmt::Debug {
-    /// This process's rank, `0..W`.
-    fn rank(&self) -> usize;
-    /// Ranks in the job, `W`.
-    fn world_size(&self) -> usize;
-    /// Sums `values` element-wise over all ranks, in rank order; every rank
-    /// gets the same result.
-    fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<(), CommError>;
-    /// The same for f64 (loss sums, token counts).
-    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), CommError>;
-    /// Returns once every rank has called it.
-    fn barrier(&self) -> Result<(), CommError>;
-    /// What carries the collectives, for the log (`single process`, `mpi`).
-    fn backend(&self) -> &'static str;
-}
-
-/// One process, one rank.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SingleProcess;
-
-impl Communicator for SingleProcess {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn world_size(&self) -> usize {
-        1
-    }
-    fn all_reduce_sum_f32(&self, _values: &mut [f32]) -> Result<(), CommError> {
-        Ok(())
-    }
-    fn all_reduce_sum_f64(&self, _values: &mut [f64]) -> Result<(), CommError> {
-        Ok(())
-    }
-    fn barrier(&self) -> Result<(), CommError> {
-        Ok(())
-    }
-    fn backend(&self) -> &'static str {
-        "single process"
-    }
-}
+use super::{CommError, Communicator, sum_in_rank_order};
 
 /// `W` ranks as threads of one process: [`LocalGroup::new`] gives one
 /// handle per rank, to be moved into its thread.
@@ -164,19 +96,21 @@ impl LocalGroup {
         state.arrived += 1;
         let generation = state.generation;
         if state.arrived == shared.world_size {
-            let mut sum = vec![0.0f64; values.len()];
-            for slot in state.slots.iter().flatten() {
-                if slot.len() != sum.len() {
-                    let why = "ranks reduced buffers of different lengths".to_owned();
-                    state.broken = Some(why.clone());
-                    shared.changed.notify_all();
-                    return Err(self.error(why));
-                }
-                for (total, value) in sum.iter_mut().zip(slot) {
-                    *total += value;
-                }
+            if state
+                .slots
+                .iter()
+                .flatten()
+                .any(|slot| slot.len() != values.len())
+            {
+                let why = "ranks reduced buffers of different lengths".to_owned();
+                state.broken = Some(why.clone());
+                shared.changed.notify_all();
+                return Err(self.error(why));
             }
-            state.result = sum;
+            state.result = sum_in_rank_order(
+                state.slots.iter().flatten().map(Vec::as_slice),
+                values.len(),
+            );
             state.arrived = 0;
             state.departed = 0;
             state.generation += 1;

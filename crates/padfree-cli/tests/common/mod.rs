@@ -1,0 +1,51 @@
+//! Helpers shared by the binary's integration tests.
+#![allow(dead_code)] // each test file uses its own part
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A fresh directory under the system temp dir, removed (with all it holds)
+/// when the returned guard is dropped.
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("padfree-cli-{name}-"))
+        .tempdir()
+        .expect("scratch dir")
+}
+
+pub fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+pub fn padfree(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_padfree"))
+        .args(args)
+        .output()
+        .expect("runs padfree")
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A `tiny`-shaped config whose vocabulary holds the shipped tokenizer.
+pub fn tiny_config_with_shipped_vocab(dir: &Path) -> String {
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": 4096, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": true, "hidden_act": "silu"
+    });
+    let path = dir.join("config.json");
+    std::fs::write(&path, config.to_string()).expect("write config");
+    path.display().to_string()
+}
+
+pub fn first_records(count: usize) -> String {
+    let text =
+        std::fs::read_to_string(repo("data/gsm-symbolic/train.jsonl")).expect("shipped data");
+    text.lines().take(count).map(|l| format!("{l}\n")).collect()
+}

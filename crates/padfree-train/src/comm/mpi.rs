@@ -1,0 +1,130 @@
+//! One rank per process over MPI (rsmpi): `mpirun -np W padfree train ...`
+//! with Open MPI or MPICH, or `srun` under Slurm.
+//!
+//! Sums are not left to `MPI_Allreduce`, whose order of additions depends on
+//! the library, its algorithm choice and the message size: each collective
+//! gathers every rank's contribution (`MPI_Allgather`, in chunks of
+//! [`CHUNK`] values so the receive buffer stays `W x CHUNK`) and every rank
+//! adds them in rank order in f64, rounding once. Every rank gets the same
+//! bits, every run of the same world size the same result, and the same
+//! result as [`super::LocalGroup`] with that world size. The price is
+//! traffic: each rank receives `W - 1` full buffers, against about 2 for a
+//! ring all-reduce (`docs/distributed.md` has the cost model).
+
+use mpi::Threading;
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::{Communicator as _, CommunicatorCollectives as _};
+
+use super::{CommError, Communicator, sum_in_rank_order};
+
+/// Values per gathered chunk: 4 Mi (32 MiB of f64 per rank).
+pub const CHUNK: usize = 1 << 22;
+
+/// The MPI world of this process. Dropping it finalises MPI.
+pub struct MpiWorld {
+    world: SimpleCommunicator,
+    // Declared last: dropped (MPI_Finalize) after the communicator.
+    _universe: Universe,
+}
+
+impl std::fmt::Debug for MpiWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MpiWorld(rank {} of {})",
+            self.world.rank(),
+            self.world.size()
+        )
+    }
+}
+
+/// Whether a launcher started this process as an MPI rank (Open MPI, MPICH
+/// or Slurm's PMI/PMIx set these).
+pub fn launched_by_mpi() -> bool {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "MPI_LOCALNRANKS",
+    ]
+    .iter()
+    .any(|name| std::env::var_os(name).is_some())
+}
+
+impl MpiWorld {
+    /// Initialises MPI: only the main thread calls MPI (`Funneled`); rayon's
+    /// threads never do.
+    pub fn init() -> Result<Self, CommError> {
+        let refuse = |message: &str| CommError {
+            rank: 0,
+            world_size: 0,
+            message: message.to_owned(),
+            hint: "launch with mpirun -np N (Open MPI or MPICH) or srun --mpi=pmix".into(),
+        };
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Funneled)
+            .ok_or_else(|| refuse("MPI could not be initialised (or was already)"))?;
+        if threading < Threading::Funneled {
+            return Err(refuse(
+                "the MPI library does not support a multi-threaded process",
+            ));
+        }
+        let world = universe.world();
+        Ok(Self {
+            world,
+            _universe: universe,
+        })
+    }
+
+    fn gather_sum(&self, values: &mut [f64]) {
+        let ranks = self.world_size();
+        let mut gathered = vec![0.0f64; ranks * values.len().min(CHUNK)];
+        for chunk in values.chunks_mut(CHUNK) {
+            let received = &mut gathered[..ranks * chunk.len()];
+            self.world.all_gather_into(&*chunk, received);
+            let sum = sum_in_rank_order(received.chunks_exact(chunk.len()), chunk.len());
+            chunk.copy_from_slice(&sum);
+        }
+    }
+}
+
+/// Ends every rank of the job now (`MPI_Abort`): what a rank does after an
+/// error, so the others do not wait for it in their next collective.
+pub fn abort_job(code: i32) -> ! {
+    SimpleCommunicator::world().abort(code)
+}
+
+impl Communicator for MpiWorld {
+    fn rank(&self) -> usize {
+        usize::try_from(self.world.rank()).unwrap_or(0)
+    }
+    fn world_size(&self) -> usize {
+        usize::try_from(self.world.size()).unwrap_or(1)
+    }
+    fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<(), CommError> {
+        if values.is_empty() {
+            return Ok(());
+        }
+        for chunk in values.chunks_mut(CHUNK) {
+            let mut wide: Vec<f64> = chunk.iter().map(|&v| f64::from(v)).collect();
+            self.gather_sum(&mut wide);
+            for (value, sum) in chunk.iter_mut().zip(wide) {
+                *value = sum as f32;
+            }
+        }
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), CommError> {
+        if !values.is_empty() {
+            self.gather_sum(values);
+        }
+        Ok(())
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        self.world.barrier();
+        Ok(())
+    }
+    fn backend(&self) -> &'static str {
+        "MPI"
+    }
+}
