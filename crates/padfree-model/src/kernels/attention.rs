@@ -311,36 +311,34 @@ struct Grads<'a> {
     dv: &'a mut [f32],
 }
 
-/// One key/value head of one example, copied out of the interleaved
-/// `[L, Hkv, D]` rows so the micro-kernels read contiguous memory.
-///
-/// # Shapes
-/// `rows`: `[L, D]`; `columns`: `[D, Lp]`, the same values transposed, `Lp`
-/// = `L` rounded up to [`LANES`] with zero columns.
-struct HeadCopy {
-    rows: Vec<f32>,
-    columns: Vec<f32>,
-    padded_len: usize,
+/// Keys per score row, rounded up to [`LANES`]: the width of a transposed
+/// head copy and of a block of scores.
+fn padded_len(len: usize) -> usize {
+    len.div_ceil(LANES) * LANES
 }
 
-impl HeadCopy {
-    fn new(block: &[f32], len: usize, heads: usize, head: usize, d: usize) -> Self {
-        let padded_len = len.div_ceil(LANES) * LANES;
-        let mut rows = Vec::with_capacity(len * d);
-        let mut columns = vec![0.0; d * padded_len];
-        for j in 0..len {
-            let row = &block[(j * heads + head) * d..(j * heads + head + 1) * d];
-            rows.extend_from_slice(row);
-            for (x, &value) in row.iter().enumerate() {
-                columns[x * padded_len + j] = value;
-            }
-        }
-        Self {
-            rows,
-            columns,
-            padded_len,
+/// Head `head` of an example's `[L, heads, D]` rows, copied out as `[L, D]`
+/// so the micro-kernels read contiguous memory.
+fn head_rows(block: &[f32], len: usize, heads: usize, head: usize, d: usize) -> Vec<f32> {
+    let mut rows = Vec::with_capacity(len * d);
+    for j in 0..len {
+        rows.extend_from_slice(&block[(j * heads + head) * d..(j * heads + head + 1) * d]);
+    }
+    rows
+}
+
+/// The same head transposed, `[D, Lp]` (`Lp` = [`padded_len`], zero columns
+/// past `L`).
+fn head_columns(block: &[f32], len: usize, heads: usize, head: usize, d: usize) -> Vec<f32> {
+    let width = padded_len(len);
+    let mut columns = vec![0.0; d * width];
+    for j in 0..len {
+        let row = &block[(j * heads + head) * d..(j * heads + head + 1) * d];
+        for (x, &value) in row.iter().enumerate() {
+            columns[x * width + j] = value;
         }
     }
+    columns
 }
 
 /// `ROWS` query rows of one head (`[ROWS, D]`, zero rows past the example's
@@ -442,9 +440,10 @@ impl<'a> Example<'a> {
             head_dim: d,
         } = self.dims;
         for kv in 0..num_kv_heads {
-            let keys = HeadCopy::new(self.k, self.len, num_kv_heads, kv, d);
-            let values = HeadCopy::new(self.v, self.len, num_kv_heads, kv, d);
-            let width = keys.padded_len;
+            // Forward needs keys transposed and values as rows.
+            let key_columns = head_columns(self.k, self.len, num_kv_heads, kv, d);
+            let value_rows = head_rows(self.v, self.len, num_kv_heads, kv, d);
+            let width = padded_len(self.len);
             let mut scores = vec![0.0f32; ROWS * width];
             let mut block_out = vec![0.0f32; ROWS * d];
             let mut block = RowBlock::new(d);
@@ -452,9 +451,9 @@ impl<'a> Example<'a> {
                 for start in (0..self.len).step_by(ROWS) {
                     block.load(self.q, start, self.len, num_heads, h);
                     let seen = block.keys();
-                    row_times_columns(&block.values, d, &keys.columns, width, seen, &mut scores);
+                    row_times_columns(&block.values, d, &key_columns, width, seen, &mut scores);
                     let row_lse = Self::softmax_block(&block, &mut scores, width, scale);
-                    weighted_rows(&scores, width, &values.rows, d, seen, &mut block_out);
+                    weighted_rows(&scores, width, &value_rows, d, seen, &mut block_out);
                     for r in 0..block.rows {
                         let i = start + r;
                         out[(i * num_heads + h) * d..(i * num_heads + h + 1) * d]
@@ -476,9 +475,11 @@ impl<'a> Example<'a> {
         } = self.dims;
         let Grads { dq, dk, dv } = grads;
         for kv in 0..num_kv_heads {
-            let keys = HeadCopy::new(self.k, self.len, num_kv_heads, kv, d);
-            let values = HeadCopy::new(self.v, self.len, num_kv_heads, kv, d);
-            let width = keys.padded_len;
+            // Backward needs keys both ways and values transposed.
+            let key_columns = head_columns(self.k, self.len, num_kv_heads, kv, d);
+            let key_rows = head_rows(self.k, self.len, num_kv_heads, kv, d);
+            let value_columns = head_columns(self.v, self.len, num_kv_heads, kv, d);
+            let width = padded_len(self.len);
             let mut probs = vec![0.0f32; ROWS * width];
             let mut d_scores = vec![0.0f32; ROWS * width];
             let mut block_dq = vec![0.0f32; ROWS * d];
@@ -494,9 +495,9 @@ impl<'a> Example<'a> {
                     out.load(saved.out, start, self.len, num_heads, h);
                     let seen = query.keys();
                     // P again, from the saved log-sum-exp.
-                    row_times_columns(&query.values, d, &keys.columns, width, seen, &mut probs);
+                    row_times_columns(&query.values, d, &key_columns, width, seen, &mut probs);
                     // dP = dO V^T.
-                    row_times_columns(&d_o.values, d, &values.columns, width, seen, &mut d_scores);
+                    row_times_columns(&d_o.values, d, &value_columns, width, seen, &mut d_scores);
                     for r in 0..ROWS {
                         let p_row = &mut probs[r * width..(r + 1) * width];
                         let ds_row = &mut d_scores[r * width..(r + 1) * width];
@@ -522,7 +523,7 @@ impl<'a> Example<'a> {
                         ds_row[i + 1..].fill(0.0);
                     }
                     // dQ = dS K, dK += dS^T Q, dV += P^T dO.
-                    weighted_rows(&d_scores, width, &keys.rows, d, seen, &mut block_dq);
+                    weighted_rows(&d_scores, width, &key_rows, d, seen, &mut block_dq);
                     for r in 0..query.rows {
                         let i = start + r;
                         dq[(i * num_heads + h) * d..(i * num_heads + h + 1) * d]
