@@ -30,6 +30,9 @@ fn main() -> std::process::ExitCode {
             .validate()
             .and_then(|job| commands::train::run(&job)),
     };
+    if result.is_ok() {
+        ranks::finish();
+    }
     match result {
         Ok(false) => std::process::ExitCode::SUCCESS,
         Ok(true) => std::process::ExitCode::from(commands::train::INTERRUPTED_EXIT),

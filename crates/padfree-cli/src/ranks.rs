@@ -10,8 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use padfree_train::{Communicator, SingleProcess};
 
-/// Set once a communicator of several ranks is running.
-static DISTRIBUTED: AtomicBool = AtomicBool::new(false);
 /// Set on ranks other than 0: they print nothing but errors.
 static QUIET: AtomicBool = AtomicBool::new(false);
 
@@ -44,7 +42,6 @@ fn announced_world_size() -> Option<usize> {
 pub fn communicator() -> anyhow::Result<Box<dyn Communicator>> {
     let comm = open()?;
     if comm.world_size() > 1 {
-        DISTRIBUTED.store(true, Ordering::Relaxed);
         QUIET.store(comm.rank() != 0, Ordering::Relaxed);
         if std::env::var_os("RAYON_NUM_THREADS").is_none() {
             let cores = std::thread::available_parallelism().map_or(1, usize::from);
@@ -79,12 +76,20 @@ fn open() -> anyhow::Result<Box<dyn Communicator>> {
     Ok(Box::new(SingleProcess))
 }
 
-/// After an error has been printed: with several ranks, end them all now.
+/// After an error has been printed: under MPI, end every rank now (the
+/// others may be waiting for this one in a collective).
 pub fn end_job_after_error() {
     #[cfg(feature = "mpi")]
-    if DISTRIBUTED.load(Ordering::Relaxed) {
+    if padfree_train::comm::mpi::is_initialized() {
         padfree_train::comm::mpi::abort_job(1);
     }
+}
+
+/// After this rank finished without error: under MPI, finalise (waits for
+/// every rank to get here).
+pub fn finish() {
+    #[cfg(feature = "mpi")]
+    padfree_train::comm::mpi::finalize();
 }
 
 /// A test hook: `PADFREE_FAULT=RANK:STEP` makes that rank's process exit at

@@ -36,8 +36,55 @@ fn mpirun(ranks: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (name, value) in env {
         command.env(name, value);
     }
-    command.output().expect("mpirun runs (install openmpi-bin)")
+    within_limit(command)
 }
+
+/// Runs `command` to its end, or kills it after [`LIMIT`]: a hung job fails
+/// the test instead of stalling the suite.
+fn within_limit(mut command: Command) -> Output {
+    use std::io::Read;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("mpirun runs (install openmpi-bin)");
+    let mut pipes = (child.stdout.take(), child.stderr.take());
+    let readers = [
+        pipes.0.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+        pipes.1.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+    ]
+    .map(|pipe| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                pipe.read_to_end(&mut bytes).ok();
+            }
+            bytes
+        })
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waits") {
+            break status;
+        }
+        if started.elapsed() > LIMIT {
+            child.kill().ok();
+            // mpirun's ranks go with it when it is killed.
+            panic!("the job ran over {LIMIT:?}: hung");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let [stdout, stderr] = readers.map(|r| r.join().expect("reader"));
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Longer than any job here needs in a debug build on 2 cores (the longest,
+/// 4 ranks for 6 steps, takes about a minute).
+const LIMIT: Duration = Duration::from_secs(300);
 
 /// The common flags: a tiny model on 40 shipped records, multipack bins of
 /// 600 tokens, 6 steps.
@@ -278,4 +325,135 @@ fn a_rank_that_dies_ends_the_job_and_keeps_earlier_checkpoints() {
         !out.join("model.safetensors").exists(),
         "no final model from a failed job"
     );
+}
+
+/// `mpirun` with one app context per rank: rank r runs `padfree` with
+/// `per_rank[r]`.
+fn mpirun_each(per_rank: &[Vec<String>]) -> Output {
+    let mut command = Command::new("mpirun");
+    command.args(["--bind-to", "none", "--oversubscribe"]);
+    for (rank, args) in per_rank.iter().enumerate() {
+        if rank > 0 {
+            command.arg(":");
+        }
+        command
+            .args(["-np", "1"])
+            .arg(env!("CARGO_BIN_EXE_padfree"))
+            .args(args);
+    }
+    command
+        .env("OMPI_MCA_btl", "self,vader")
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("RAYON_NUM_THREADS", "1");
+    within_limit(command)
+}
+
+#[test]
+fn bad_data_that_only_one_rank_reads_ends_the_job_with_its_file_and_line() {
+    let guard = scratch("mpi-bad-data");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let bad = dir.join("bad.jsonl");
+    let mut text = first_records(40);
+    text.push_str("{\"question\": \"unfinished\n");
+    std::fs::write(&bad, text).expect("write bad data");
+    let out = dir.join("run").display().to_string();
+    let started = Instant::now();
+    let output = mpirun_each(&[
+        run_args(&config, &data, &out, 1),
+        run_args(&config, &bad.display().to_string(), &out, 1),
+    ]);
+    let took = started.elapsed();
+    assert!(!output.status.success(), "the job must fail");
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    let message = stderr(&output);
+    assert!(message.contains("bad.jsonl:line 41"), "{message}");
+    assert!(!dir.join("run").join("model.safetensors").exists());
+}
+
+#[test]
+fn ranks_that_read_different_data_are_refused_before_training() {
+    let guard = scratch("mpi-other-data");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let other = dir.join("other.jsonl");
+    std::fs::write(&other, first_records(39)).expect("write other data");
+    let out = dir.join("run").display().to_string();
+    let output = mpirun_each(&[
+        run_args(&config, &data, &out, 1),
+        run_args(&config, &other.display().to_string(), &out, 1),
+    ]);
+    assert!(!output.status.success(), "the job must fail");
+    let message = stderr(&output);
+    assert!(
+        message.contains("the ranks disagree on training data: rank(s) 1"),
+        "{message}"
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("train metrics"));
+}
+
+#[test]
+fn bench_compares_ranks_with_one_process_on_the_same_bins() {
+    let guard = scratch("mpi-bench");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let out = dir.join("bench");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_padfree"));
+    command
+        .args([
+            "bench",
+            "--config",
+            &config,
+            "--data",
+            &data,
+            "--modes",
+            "varlen-multipack,varlen-multipack-2ranks",
+            "--max-steps",
+            "2",
+            "--timing-warmup-steps",
+            "1",
+            "--per-device-train-batch-size",
+            "4",
+            "--threads",
+            "2",
+            "--output-dir",
+            &out.display().to_string(),
+        ])
+        .env("OMPI_MCA_btl", "self,vader")
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let output = within_limit(command);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for expected in [
+        "padfree, padding-free, multipack bins, 2 MPI ranks",
+        "2 MPI ranks of 1 thread vs 1 process of 2 threads on the same multipack bins",
+    ] {
+        assert!(stdout.contains(expected), "`{expected}` missing:\n{stdout}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).expect("json"))
+            .expect("valid json");
+    let results = report["results"].as_array().expect("results");
+    let (one, ranks) = (&results[0], &results[1]);
+    assert_eq!(ranks["mode"], "varlen-multipack-2ranks");
+    // Both rows train 2 bins per step: one process accumulates, the ranks
+    // take one each; the step figures are the job's.
+    assert_eq!(one["real_tokens"], ranks["real_tokens"]);
+    assert_eq!(one["samples"], ranks["samples"]);
+    let losses = |r: &serde_json::Value| -> Vec<f64> {
+        r["step_losses"]
+            .as_array()
+            .expect("losses")
+            .iter()
+            .map(|l| l.as_f64().expect("f64"))
+            .collect()
+    };
+    assert_eq!(losses(one).len(), 3);
+    for (a, b) in losses(ranks).iter().zip(losses(one)) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} vs {b}");
+    }
 }

@@ -106,6 +106,8 @@ fn read_records_from_bytes(
     bytes: &[u8],
     fields: &FieldNames,
 ) -> Result<Vec<SourceRecord>, DataError> {
+    // A byte-order mark (Windows editors write one) is not part of the JSON.
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
     let records = match first {
         None => Vec::new(),

@@ -265,7 +265,8 @@ pub struct DataReport {
     pub truncated: usize,
     /// Examples left out for being longer than `max_seq_len`.
     pub dropped_overlong: usize,
-    /// Examples left out because truncation left no label token.
+    /// Examples left out with no label token (every label -100, or none
+    /// left after truncation).
     pub dropped_no_labels: usize,
     /// Tokens of the kept examples.
     pub tokens: usize,
@@ -393,7 +394,12 @@ pub fn tokenize_records(
         return Err(DataError::File {
             path: path.to_owned(),
             message: format!("no example left after tokenization ({report})"),
-            hint: "raise --max-seq-len or use --overlong truncate".into(),
+            hint: if report.dropped_overlong + report.truncated > 0 {
+                "raise --max-seq-len or use --overlong truncate"
+            } else {
+                "no record has a token to learn from (every label is -100): check that the completion field is not empty, or pass --train-on-inputs"
+            }
+            .into(),
         });
     }
     let mut lengths: Vec<usize> = examples.iter().map(Example::len).collect();

@@ -7,17 +7,24 @@
 //! directory and renamed into place: an interrupted save leaves no
 //! half-written checkpoint.
 //!
+//! The last file written is `integrity.json`: the size and SHA-256 of every
+//! other file and the step they belong to. Resume verifies it before reading
+//! anything, so a flipped byte, a truncated file or a file copied in from
+//! another checkpoint is refused by name instead of training on.
+//!
 //! The checkpointer is handed what it saves (a [`Snapshot`]: the trainer's
 //! state, the model, the optimizer) and hands back what it reads; it never
 //! imports the trainer (torchtitan's checkpointer works the same way).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use padfree_model::LlamaModel;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::error::TrainError;
 use crate::optim::AdamW;
@@ -27,6 +34,10 @@ use crate::state::TrainerState;
 pub const STATE_FILE: &str = "trainer_state.json";
 /// The optimizer state file.
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// The integrity record, written last.
+pub const INTEGRITY_FILE: &str = "integrity.json";
+/// Tag of the integrity record's layout.
+const INTEGRITY_FORMAT: &str = "padfree-checkpoint-integrity/1";
 /// Name prefix of a checkpoint being written.
 const TEMP_PREFIX: &str = ".tmp-checkpoint-";
 
@@ -69,14 +80,28 @@ pub(crate) fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
 
 /// Writes the model, artifacts, optimizer and state into
 /// `output_dir/checkpoint-N` (`N`: the state's step) and returns that path.
+///
+/// On failure (a full disk) the temporary directory is removed, so it does
+/// not keep the disk full, and earlier checkpoints are untouched.
 pub fn write(output_dir: &Path, snapshot: Snapshot<'_>) -> Result<PathBuf, TrainError> {
+    let temp_dir = temp_dir(output_dir, snapshot.state.global_step);
+    write_through(output_dir, &temp_dir, snapshot).inspect_err(|_| {
+        std::fs::remove_dir_all(&temp_dir).ok();
+    })
+}
+
+fn temp_dir(output_dir: &Path, step: usize) -> PathBuf {
+    output_dir.join(format!("{TEMP_PREFIX}{step}-{}", std::process::id()))
+}
+
+fn write_through(
+    output_dir: &Path,
+    temp_dir: &Path,
+    snapshot: Snapshot<'_>,
+) -> Result<PathBuf, TrainError> {
+    let temp_dir = temp_dir.to_owned();
     let name = checkpoint_name(snapshot.state.global_step);
     let final_dir = output_dir.join(&name);
-    let temp_dir = output_dir.join(format!(
-        "{TEMP_PREFIX}{}-{}",
-        snapshot.state.global_step,
-        std::process::id()
-    ));
     if temp_dir.exists() {
         std::fs::remove_dir_all(&temp_dir).map_err(|err| TrainError::io(&temp_dir, err))?;
     }
@@ -88,6 +113,9 @@ pub fn write(output_dir: &Path, snapshot: Snapshot<'_>) -> Result<PathBuf, Train
     .map_err(|err| TrainError::io(temp_dir.join(OPTIMIZER_FILE), err))?;
     std::fs::write(temp_dir.join(STATE_FILE), to_json(snapshot.state))
         .map_err(|err| TrainError::io(temp_dir.join(STATE_FILE), err))?;
+    let record = Integrity::of_dir(&temp_dir, snapshot.state.global_step)?;
+    std::fs::write(temp_dir.join(INTEGRITY_FILE), to_json(&record))
+        .map_err(|err| TrainError::io(temp_dir.join(INTEGRITY_FILE), err))?;
     if final_dir.exists() {
         // A checkpoint of the same step from an earlier, interrupted run.
         std::fs::remove_dir_all(&final_dir).map_err(|err| TrainError::io(&final_dir, err))?;
@@ -184,12 +212,33 @@ pub fn read_optimizer(
                 view.shape()
             ));
         }
-        Ok(view
+        let values: Vec<f32> = view
             .data()
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+            .collect();
+        if let Some(at) = values.iter().position(|v| !v.is_finite()) {
+            return Err(format!(
+                "`{name}` holds {} at element {at}: a moment must be finite",
+                values[at]
+            ));
+        }
+        Ok(values)
     };
+    let saved_step = SafeTensors::read_metadata(&bytes)
+        .ok()
+        .and_then(|(_, meta)| meta.metadata().as_ref()?.get("step")?.parse::<u64>().ok());
+    if saved_step != Some(state.optimizer_steps) {
+        return Err(refuse(
+            optimizer_path,
+            format!(
+                "it belongs to optimizer step {}, the trainer state to step {}",
+                saved_step.map_or_else(|| "unknown".to_owned(), |s| s.to_string()),
+                state.optimizer_steps
+            ),
+            "the checkpoint mixes files of different steps; resume from an earlier one",
+        ));
+    }
     optimizer
         .restore(state.optimizer_steps, |name, len| {
             Ok((
@@ -214,4 +263,180 @@ fn checkpoint_name(step: usize) -> String {
 /// Where the checkpoint of `step` goes: `output_dir/checkpoint-{step}`.
 pub fn checkpoint_dir(output_dir: &Path, step: usize) -> PathBuf {
     output_dir.join(checkpoint_name(step))
+}
+
+/// Refuses a directory that is not a checkpoint, listing the checkpoints
+/// inside it when it is a run's own directory.
+pub fn check_is_checkpoint(dir: &Path) -> Result<(), TrainError> {
+    // A finished run's own directory has a trainer state too, but neither
+    // of these.
+    if dir.join(STATE_FILE).is_file()
+        && (dir.join(OPTIMIZER_FILE).is_file() || dir.join(INTEGRITY_FILE).is_file())
+    {
+        return Ok(());
+    }
+    let mut steps: Vec<usize> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()?
+                        .strip_prefix("checkpoint-")?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    steps.sort_unstable();
+    let hint = match steps.last() {
+        Some(&last) => format!(
+            "checkpoints here: {}; the latest is --resume-from-checkpoint {}",
+            steps
+                .iter()
+                .map(|s| checkpoint_name(*s))
+                .collect::<Vec<_>>()
+                .join(", "),
+            checkpoint_dir(dir, last).display()
+        ),
+        None if dir.is_dir() => "give a checkpoint-N directory written by padfree train".to_owned(),
+        None => {
+            "the directory does not exist; give a checkpoint-N directory written by padfree train"
+                .to_owned()
+        }
+    };
+    Err(TrainError::Checkpoint {
+        path: dir.to_owned(),
+        message: format!(
+            "this is not a checkpoint (it lacks {STATE_FILE} beside {OPTIMIZER_FILE} and {INTEGRITY_FILE})"
+        ),
+        hint,
+    })
+}
+
+/// What `integrity.json` holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Integrity {
+    format: String,
+    /// The step every file belongs to.
+    step: usize,
+    /// Every other file of the checkpoint, by name.
+    files: BTreeMap<String, FileRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct FileRecord {
+    bytes: u64,
+    sha256: String,
+}
+
+impl Integrity {
+    /// The record of every file in `dir` (but itself).
+    fn of_dir(dir: &Path, step: usize) -> Result<Self, TrainError> {
+        let mut files = BTreeMap::new();
+        for entry in std::fs::read_dir(dir).map_err(|err| TrainError::io(dir, err))? {
+            let entry = entry.map_err(|err| TrainError::io(dir, err))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name != INTEGRITY_FILE && entry.path().is_file() {
+                files.insert(name, FileRecord::of(&entry.path())?);
+            }
+        }
+        Ok(Self {
+            format: INTEGRITY_FORMAT.to_owned(),
+            step,
+            files,
+        })
+    }
+}
+
+impl FileRecord {
+    fn of(path: &Path) -> Result<Self, TrainError> {
+        let mut file = std::fs::File::open(path).map_err(|err| TrainError::io(path, err))?;
+        let mut hasher = Sha256::new();
+        let mut buffer = vec![0u8; 1 << 20];
+        let mut bytes = 0u64;
+        loop {
+            let read = file
+                .read(&mut buffer)
+                .map_err(|err| TrainError::io(path, err))?;
+            if read == 0 {
+                break;
+            }
+            hasher.update(&buffer[..read]);
+            bytes += read as u64;
+        }
+        let sha256 = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(Self { bytes, sha256 })
+    }
+}
+
+/// Checks every file of checkpoint `dir` against its `integrity.json`, and
+/// that they belong to the step its trainer state says; names the first file
+/// that differs.
+pub fn verify(dir: &Path) -> Result<(), TrainError> {
+    let damaged = |path: PathBuf, message: String| {
+        TrainError::Checkpoint {
+        path,
+        message,
+        hint: "the checkpoint is damaged or was changed after it was written; resume from an earlier checkpoint".into(),
+    }
+    };
+    let record_path = dir.join(INTEGRITY_FILE);
+    let text = match std::fs::read_to_string(&record_path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Err(damaged(
+                record_path,
+                "missing: the checkpoint was not finished, or was written by a padfree without integrity records".into(),
+            ));
+        }
+        Err(err) => return Err(TrainError::io(&record_path, err)),
+    };
+    let record: Integrity = serde_json::from_str(&text)
+        .ok()
+        .filter(|r: &Integrity| r.format == INTEGRITY_FORMAT)
+        .ok_or_else(|| damaged(record_path.clone(), "not a padfree integrity record".into()))?;
+    for (name, expected) in &record.files {
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Err(damaged(path, "missing".into()));
+        }
+        let found = FileRecord::of(&path)?;
+        if found.bytes != expected.bytes {
+            return Err(damaged(
+                path,
+                format!("{} bytes, but {} were written", found.bytes, expected.bytes),
+            ));
+        }
+        if found.sha256 != expected.sha256 {
+            return Err(damaged(
+                path,
+                format!(
+                    "its contents differ from what was written at step {} (SHA-256 {} vs {})",
+                    record.step, found.sha256, expected.sha256
+                ),
+            ));
+        }
+    }
+    for required in [STATE_FILE, OPTIMIZER_FILE, "model.safetensors"] {
+        if !record.files.contains_key(required) {
+            return Err(damaged(record_path, format!("it does not list {required}")));
+        }
+    }
+    let state = read_state(dir)?;
+    if state.global_step != record.step {
+        return Err(damaged(
+            dir.join(STATE_FILE),
+            format!(
+                "step {}, but the checkpoint was written at step {}",
+                state.global_step, record.step
+            ),
+        ));
+    }
+    Ok(())
 }

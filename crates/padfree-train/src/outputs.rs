@@ -3,8 +3,8 @@
 //! `train_results.json` of the finished run, and the loss plot `loss.png`.
 //! Each takes the values it writes; nothing here imports the trainer.
 
-use std::io::Write;
-use std::path::Path;
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{STATE_FILE, remove_stale_temporaries, to_json, write_atomically};
 use crate::error::TrainError;
@@ -20,9 +20,12 @@ pub const RESULTS_FILE: &str = "train_results.json";
 
 /// Makes sure `dir` can take a new run's output: created if missing; a
 /// non-empty directory only with `overwrite` (or when resuming into it).
+/// Call it holding the directory's [`OutputLock`], which it ignores.
 pub fn prepare_output_dir(dir: &Path, overwrite: bool, resuming: bool) -> Result<(), TrainError> {
     std::fs::create_dir_all(dir).map_err(|err| TrainError::io(dir, err))?;
-    let mut entries = std::fs::read_dir(dir).map_err(|err| TrainError::io(dir, err))?;
+    let mut entries = std::fs::read_dir(dir)
+        .map_err(|err| TrainError::io(dir, err))?
+        .filter(|e| e.as_ref().map_or(true, |e| e.file_name() != LOCK_FILE));
     if entries.next().is_some() && !overwrite && !resuming {
         return Err(TrainError::Config {
             flag: "output-dir",
@@ -34,6 +37,110 @@ pub fn prepare_output_dir(dir: &Path, overwrite: bool, resuming: bool) -> Result
     std::fs::write(&probe, b"").map_err(|err| TrainError::io(&probe, err))?;
     std::fs::remove_file(&probe).map_err(|err| TrainError::io(&probe, err))?;
     remove_stale_temporaries(dir)
+}
+
+/// The lock file of an output directory.
+pub const LOCK_FILE: &str = ".padfree.lock";
+
+/// An output directory held by this run: an exclusive lock on its
+/// [`LOCK_FILE`] (released by the operating system when the process ends,
+/// however it ends), which names the holder for a run that finds it taken.
+#[derive(Debug)]
+pub struct OutputLock {
+    _file: std::fs::File,
+}
+
+/// Creates `dir` if missing and locks it for this run, or says who holds it.
+pub fn lock_output_dir(dir: &Path) -> Result<OutputLock, TrainError> {
+    std::fs::create_dir_all(dir).map_err(|err| TrainError::io(dir, err))?;
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|err| TrainError::io(&path, err))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            file.read_to_string(&mut holder).ok();
+            return Err(TrainError::Checkpoint {
+                path: dir.to_owned(),
+                message: format!(
+                    "another padfree run is writing here ({})",
+                    holder.trim().trim_end_matches('.')
+                ),
+                hint: "wait for it to finish, stop it, or choose another --output-dir".into(),
+            });
+        }
+        Err(std::fs::TryLockError::Error(err)) => return Err(TrainError::io(&path, err)),
+    }
+    let holder = format!(
+        "process {} on {}, since {} s after the Unix epoch\n",
+        std::process::id(),
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_or_else(|_| "this machine".to_owned(), |h| h.trim().to_owned()),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    );
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| file.write_all(holder.as_bytes()))
+        .map_err(|err| TrainError::io(&path, err))?;
+    Ok(OutputLock { _file: file })
+}
+
+/// Refuses an output directory that is, or lies inside, the checkpoint a run
+/// resumes from (its files would be overwritten under it), or that is itself
+/// a checkpoint.
+pub fn check_output_dir_outside(
+    output_dir: &Path,
+    checkpoint: Option<&Path>,
+) -> Result<(), TrainError> {
+    let out = resolved(output_dir);
+    if let Some(checkpoint) = checkpoint {
+        let checkpoint = resolved(checkpoint);
+        if out.starts_with(&checkpoint) {
+            return Err(TrainError::Checkpoint {
+                path: output_dir.to_owned(),
+                message: format!(
+                    "the output directory is inside the checkpoint it resumes from ({}): the run would overwrite it",
+                    checkpoint.display()
+                ),
+                hint: "give the run's own directory (the checkpoint's parent) or a new one as --output-dir".into(),
+            });
+        }
+    }
+    if out.join(STATE_FILE).is_file() && out.join(crate::checkpoint::OPTIMIZER_FILE).is_file() {
+        return Err(TrainError::Checkpoint {
+            path: output_dir.to_owned(),
+            message: "the output directory is a checkpoint".into(),
+            hint: "give the run's own directory (the checkpoint's parent) or a new one as --output-dir".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `path` made absolute with links resolved as far as it exists.
+fn resolved(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let mut existing = absolute.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            return rest.iter().rev().fold(real, |acc, part| acc.join(part));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                existing = parent;
+            }
+            _ => return absolute,
+        }
+    }
 }
 
 /// `metrics.jsonl` as the log history says, so a resumed run's file holds

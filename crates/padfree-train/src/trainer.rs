@@ -104,6 +104,38 @@ impl Trainer {
                 hint: "load it with padfree_model::tensor::cpu_device(true)",
             });
         }
+        for param in model.params() {
+            let values = param.value.clone().into_vec();
+            if let Some(at) = values.iter().position(|v| !v.is_finite()) {
+                return Err(TrainError::Config {
+                    flag: "model",
+                    message: format!(
+                        "weight `{}` holds {} at element {at}: the model cannot be trained",
+                        param.name(),
+                        values[at]
+                    ),
+                    hint: "the weights are damaged: load an earlier checkpoint or the original model",
+                });
+            }
+        }
+        if comm.world_size() > 1 {
+            // A rank that read another file, flags or weights would train
+            // its share of the plan on something else, silently.
+            let settings = serde_json::to_vec(&config).unwrap_or_default();
+            let weights = model
+                .params()
+                .into_iter()
+                .flat_map(|p| p.value.clone().into_vec())
+                .map(f32::to_bits);
+            crate::comm::check_same_on_every_rank(
+                comm.as_ref(),
+                &[
+                    ("training data", fingerprint(&examples)),
+                    ("settings", fnv1a(settings.into_iter().map(u64::from))),
+                    ("initial weights", fnv1a(weights.map(u64::from))),
+                ],
+            )?;
+        }
         let lengths: Vec<usize> = examples.iter().map(Example::len).collect();
         let plan = TrainPlan::new(&lengths, &config)?;
         let total_steps = plan.len();
@@ -181,6 +213,8 @@ impl Trainer {
         output_dir: &Path,
         artifacts: Vec<(String, Vec<u8>)>,
     ) -> Result<Self, TrainError> {
+        checkpoint::check_is_checkpoint(checkpoint_dir)?;
+        checkpoint::verify(checkpoint_dir)?;
         let mut trainer = Self::new_on(comm, model, examples, config, output_dir, artifacts)?;
         let saved = checkpoint::read_state(checkpoint_dir)?;
         saved.check_continues(
@@ -341,7 +375,19 @@ impl Trainer {
                 optimizer: &self.optimizer,
                 artifacts: &self.artifacts,
             };
-            checkpoint::write(&self.output_dir, snapshot)?
+            checkpoint::write(&self.output_dir, snapshot).map_err(|err| {
+                TrainError::Checkpoint {
+                    path: checkpoint::checkpoint_dir(&self.output_dir, self.global_step),
+                    message: format!("could not be written: {err}"),
+                    hint: match &self.last_checkpoint {
+                        Some(dir) => format!(
+                            "free disk space, then resume from the last good checkpoint: --resume-from-checkpoint {}",
+                            dir.display()
+                        ),
+                        None => "free disk space and start again; no checkpoint was written in this run".to_owned(),
+                    },
+                }
+            })?
         } else {
             checkpoint::checkpoint_dir(&self.output_dir, self.global_step)
         };
@@ -602,20 +648,21 @@ impl Interval {
 /// FNV-1a over every example's ids and labels: a resumed run must train on
 /// the same data.
 fn fingerprint(examples: &[Example]) -> u64 {
+    fnv1a(examples.iter().flat_map(|example| {
+        std::iter::once(example.len() as u64)
+            .chain(example.input_ids().iter().map(|&id| u64::from(id)))
+            .chain(example.labels().iter().map(|&label| label as u64))
+    }))
+}
+
+/// FNV-1a over the little-endian bytes of each value.
+fn fnv1a(values: impl Iterator<Item = u64>) -> u64 {
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    let mut eat = |value: u64| {
+    for value in values {
         for byte in value.to_le_bytes() {
             hash ^= u64::from(byte);
             hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
         }
-    };
-    for example in examples {
-        eat(example.len() as u64);
-        example
-            .input_ids()
-            .iter()
-            .for_each(|&id| eat(u64::from(id)));
-        example.labels().iter().for_each(|&label| eat(label as u64));
     }
     hash
 }

@@ -15,32 +15,32 @@ use super::train::{ModelSource, TrainJob};
 
 /// One row of the bench table: an attention mode, on fixed batches of
 /// `--per-device-train-batch-size` examples or on multipack bins of that
-/// many mean-length examples.
+/// many mean-length examples, in one process or (multipack only) as
+/// `ranks` MPI ranks sharing the threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BenchMode {
     pub attention: AttentionMode,
     pub multipack: bool,
+    /// Data-parallel ranks (`mpirun -np`), 1 for one process.
+    pub ranks: usize,
 }
 
 impl BenchMode {
     /// The rows run when --modes is not given.
     pub const DEFAULT: [&'static str; 3] = ["padded", "varlen-per-layer", "varlen"];
-    /// Every row name --modes takes.
-    pub const NAMES: [&'static str; 5] = [
-        "padded",
-        "varlen-per-layer",
-        "varlen",
-        "padded-multipack",
-        "varlen-multipack",
-    ];
+    /// The forms --modes takes.
+    pub const FORMS: &'static str = "padded, varlen-per-layer, varlen, padded-multipack, varlen-multipack, or a multipack mode on N MPI ranks: varlen-multipack-2ranks";
 
     /// The name used by --modes and in bench.json.
     pub fn name(self) -> String {
+        let mut name = self.attention.name().to_owned();
         if self.multipack {
-            format!("{}-multipack", self.attention.name())
-        } else {
-            self.attention.name().to_owned()
+            name.push_str("-multipack");
         }
+        if self.ranks > 1 {
+            name.push_str(&format!("-{}ranks", self.ranks));
+        }
+        name
     }
 }
 
@@ -48,21 +48,30 @@ impl std::str::FromStr for BenchMode {
     type Err = String;
 
     fn from_str(name: &str) -> Result<Self, Self::Err> {
-        let (attention, multipack) = match name.strip_suffix("-multipack") {
-            Some(attention) => (attention, true),
-            None => (name, false),
+        let bad = || format!("unknown mode `{name}`: give {}", Self::FORMS);
+        let (rest, ranks) = match name.strip_suffix("ranks").and_then(|r| r.rsplit_once('-')) {
+            Some((rest, count)) => (rest, count.parse::<usize>().map_err(|_| bad())?),
+            None => (name, 1),
         };
+        let (attention, multipack) = match rest.strip_suffix("-multipack") {
+            Some(attention) => (attention, true),
+            None => (rest, false),
+        };
+        if ranks == 0 || (ranks > 1 && !multipack) {
+            return Err(format!(
+                "mode `{name}`: ranks need multipack bins and at least 1 rank (e.g. varlen-multipack-2ranks)"
+            ));
+        }
         Ok(Self {
-            attention: attention.parse()?,
+            attention: attention.parse().map_err(|_| bad())?,
             multipack,
+            ranks,
         })
     }
 }
 
-fn bench_mode() -> impl clap::builder::TypedValueParser<Value = BenchMode> {
-    use clap::builder::TypedValueParser;
-    clap::builder::PossibleValuesParser::new(BenchMode::NAMES)
-        .try_map(|name| name.parse::<BenchMode>())
+fn bench_mode(name: &str) -> Result<BenchMode, String> {
+    name.parse()
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -93,8 +102,20 @@ pub struct BenchArgs {
     pub threads: Option<usize>,
     /// Modes to run, in order (`-multipack`: the same attention on multipack
     /// bins of --per-device-train-batch-size mean-length examples).
-    #[arg(long, value_parser = bench_mode(), value_delimiter = ',', default_values = BenchMode::DEFAULT)]
+    /// Modes named `...-Nranks` run as N MPI ranks (`--mpirun`), each with
+    /// --threads / N threads (needs a padfree built with `--features mpi`).
+    #[arg(long, value_parser = bench_mode, value_delimiter = ',', default_values = BenchMode::DEFAULT)]
     pub modes: Vec<BenchMode>,
+    /// Multipack bins per optimizer step in every multipack row: a row on N
+    /// ranks gives each rank bins / N of them, a one-process row accumulates
+    /// over all, so the rows train on the same bins per step and their
+    /// losses agree (default: the largest rank count among --modes).
+    #[arg(long)]
+    pub multipack_bins_per_step: Option<usize>,
+    /// The MPI launcher of `...-Nranks` modes; it gets `-np N --bind-to none
+    /// --oversubscribe` (Open MPI's flags).
+    #[arg(long, default_value = "mpirun")]
+    pub mpirun: PathBuf,
     #[arg(long, default_value_t = 1e-3)]
     pub learning_rate: f64,
     /// Seeds initialisation and data order (the same in every mode).
@@ -121,7 +142,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub peer_python: Option<PathBuf>,
     /// Internal: run one mode in this process and write its result here.
-    #[arg(long, hide = true, requires = "child_result", value_parser = bench_mode())]
+    #[arg(long, hide = true, requires = "child_result", value_parser = bench_mode)]
     pub child_mode: Option<BenchMode>,
     #[arg(long, hide = true)]
     pub child_result: Option<PathBuf>,
@@ -159,6 +180,9 @@ pub struct BenchJob {
     /// CPU threads of every run, resolved (all cores unless --threads).
     pub threads: usize,
     pub modes: Vec<BenchMode>,
+    /// Multipack bins per optimizer step, resolved.
+    pub multipack_bins_per_step: usize,
+    pub mpirun: PathBuf,
     pub learning_rate: f64,
     pub seed: u64,
     pub max_seq_len: usize,
@@ -177,10 +201,36 @@ impl BenchArgs {
         if self.threads == Some(0) {
             bail!("--threads is 0\nHINT: give at least 1, or leave it out to use every core");
         }
+        let most_ranks = self.modes.iter().map(|m| m.ranks).max().unwrap_or(1);
+        let bins_per_step = self.multipack_bins_per_step.unwrap_or(most_ranks);
+        for mode in self.modes.iter().filter(|m| m.multipack) {
+            if bins_per_step == 0 || !bins_per_step.is_multiple_of(mode.ranks) {
+                bail!(
+                    "--multipack-bins-per-step {bins_per_step} cannot be shared by the {} ranks of mode {}\nHINT: give a multiple of every rank count in --modes",
+                    mode.ranks,
+                    mode.name()
+                );
+            }
+        }
+        if most_ranks > 1 && !cfg!(feature = "mpi") {
+            bail!(
+                "--modes asks for MPI ranks, but this padfree was built without MPI\nHINT: build it with `cargo build --release --features mpi` (needs Debian's openmpi-bin libopenmpi-dev libclang-dev pkg-config)"
+            );
+        }
+        let threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+        if let Some(mode) = self.modes.iter().find(|m| !threads.is_multiple_of(m.ranks)) {
+            bail!(
+                "mode {} splits the {threads} threads over {} ranks unevenly\nHINT: give --threads as a multiple of the rank count",
+                mode.name(),
+                mode.ranks
+            );
+        }
         let job = BenchJob {
-            threads: self
-                .threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
+            threads,
+            multipack_bins_per_step: bins_per_step,
+            mpirun: self.mpirun,
             output_dir: self
                 .output_dir
                 .unwrap_or_else(|| crate::clock::run_dir("bench")),
@@ -210,6 +260,7 @@ impl BenchArgs {
         job.train_job(BenchMode {
             attention: AttentionMode::Varlen,
             multipack: false,
+            ranks: 1,
         })?;
         Ok(job)
     }
@@ -237,6 +288,12 @@ impl BenchJob {
             } else {
                 Batching::Examples(batch)
             },
+            gradient_accumulation_steps: if mode.multipack {
+                self.multipack_bins_per_step / mode.ranks
+            } else {
+                1
+            },
+            world_size: mode.ranks,
             learning_rate: self.learning_rate,
             lr_scheduler_type: SchedulerKind::Linear,
             warmup: Warmup::Steps(0),
@@ -249,6 +306,7 @@ impl BenchJob {
         train.validate()?;
         Ok(TrainJob {
             embedded_default: false,
+            model_given: true,
             model,
             tokenizer: self.tokenizer.clone(),
             data: self.data.clone(),

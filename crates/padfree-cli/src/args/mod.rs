@@ -32,6 +32,9 @@ pub enum Command {
     Pack(PackArgs),
     /// Fine-tune a model (padding-free by default). With no arguments: a
     /// short demo run of the `small` preset on the shipped maths dataset.
+    // Negative numbers reach validation (`--warmup-ratio -0.5` is refused
+    // there by name) instead of being taken for flags.
+    #[command(allow_negative_numbers = true)]
     Train(Box<TrainArgs>),
     /// Train the same model on the same data in each attention mode (padded,
     /// padding-free with per-layer metadata, padding-free with the collator's)

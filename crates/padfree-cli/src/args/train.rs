@@ -208,6 +208,9 @@ pub struct TrainJob {
     /// No model, config, tokenizer nor data given: the shipped demo.
     pub embedded_default: bool,
     pub model: ModelSource,
+    /// --model or --config was given (not the default preset): on resume,
+    /// it must describe the checkpoint's model.
+    pub model_given: bool,
     pub tokenizer: Option<PathBuf>,
     pub data: Option<PathBuf>,
     pub output_dir: PathBuf,
@@ -337,6 +340,7 @@ impl TrainArgs {
         train.validate()?;
         Ok(TrainJob {
             embedded_default,
+            model_given: self.model.is_some() || self.config.is_some(),
             model,
             tokenizer: self.tokenizer,
             data: self.data,

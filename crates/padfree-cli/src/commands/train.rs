@@ -13,7 +13,11 @@ use padfree_data::{
 use padfree_model::gguf::GgufFile;
 use padfree_model::tensor::{cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
-use padfree_train::outputs::{LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, prepare_output_dir};
+use padfree_train::checkpoint;
+use padfree_train::outputs::{
+    LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, check_output_dir_outside, lock_output_dir,
+    prepare_output_dir,
+};
 use padfree_train::{Batching, LogRecord, Observer, StepMetrics, TrainConfig, Trainer};
 
 use crate::args::{ModelSource, TrainJob, is_gguf};
@@ -85,6 +89,9 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     }
     let comm = crate::ranks::communicator()?;
     let (rank, world_size) = (comm.rank(), comm.world_size());
+    if rank == 0 {
+        check_output_dir_outside(&job.output_dir, job.resume_from_checkpoint.as_deref())?;
+    }
     if world_size > 1 {
         if job.output_dir_defaulted {
             bail!(
@@ -104,9 +111,16 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     } = load(job)?;
 
     let resuming = job.resume_from_checkpoint.is_some();
-    if rank == 0 {
+    // Held to the end of the run, taken before the directory is checked:
+    // no other run can slip in between the check and the first write. Taken
+    // after loading, so a run refused for its data creates nothing.
+    let _lock = if rank == 0 {
+        let lock = lock_output_dir(&job.output_dir)?;
         prepare_output_dir(&job.output_dir, job.overwrite_output_dir, resuming)?;
-    }
+        Some(lock)
+    } else {
+        None
+    };
     // No rank looks into the directory before rank 0 has checked it.
     comm.barrier()?;
     let artifacts = match &tokenizer {
@@ -252,26 +266,78 @@ fn load_model(job: &TrainJob) -> anyhow::Result<LlamaModel> {
         cpu_device(true)
     };
     if let Some(dir) = &job.resume_from_checkpoint {
-        return LlamaModel::from_hf_dir(dir, &device)
-            .with_context(|| format!("loading the checkpoint {}", dir.display()));
+        checkpoint::check_is_checkpoint(dir)?;
+        // Before anything of it is read.
+        checkpoint::verify(dir)?;
+        let model = LlamaModel::from_hf_dir(dir, &device)
+            .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
+        if job.model_given {
+            let given = match &job.model {
+                ModelSource::HfDir(path) => LlamaConfig::from_hf_file(&path.join("config.json"))?,
+                ModelSource::Gguf(path) => LlamaModel::from_gguf(path, &cpu_device(false))?
+                    .config()
+                    .clone(),
+                ModelSource::Init(name) => init_config(name)?,
+            };
+            if let Some(difference) = shape_difference(&given, model.config()) {
+                bail!(
+                    "{}: {difference} of the checkpoint {}\nHINT: the checkpoint holds the model: give the run's own --model/--config, or leave them out",
+                    describe_model(&TrainJob {
+                        resume_from_checkpoint: None,
+                        ..job.clone()
+                    }),
+                    dir.display()
+                );
+            }
+        }
+        return Ok(model);
     }
     Ok(match &job.model {
         ModelSource::HfDir(dir) => LlamaModel::from_hf_dir(dir, &device)?,
         ModelSource::Gguf(path) => LlamaModel::from_gguf(path, &device)?,
-        ModelSource::Init(name) => {
-            let config = match LlamaConfig::named(name) {
-                Some(config) => config,
-                None if Path::new(name).is_file() => LlamaConfig::from_hf_file(Path::new(name))?,
-                None => {
-                    bail!(
-                        "--config {name}: neither a preset ({}) nor a config.json file",
-                        LlamaConfig::PRESETS.join(", ")
-                    )
-                }
-            };
-            LlamaModel::init(&config, job.train.seed, &device)?
+        ModelSource::Init(name) => LlamaModel::init(&init_config(name)?, job.train.seed, &device)?,
+    })
+}
+
+/// The config of `--config NAME`: a preset or a config.json.
+fn init_config(name: &str) -> anyhow::Result<LlamaConfig> {
+    Ok(match LlamaConfig::named(name) {
+        Some(config) => config,
+        None if Path::new(name).is_file() => LlamaConfig::from_hf_file(Path::new(name))?,
+        None => {
+            bail!(
+                "--config {name}: neither a preset ({}) nor a config.json file",
+                LlamaConfig::PRESETS.join(", ")
+            )
         }
     })
+}
+
+/// The first size in which two models differ, in words.
+fn shape_difference(given: &LlamaConfig, saved: &LlamaConfig) -> Option<String> {
+    [
+        ("vocabulary", given.vocab_size, saved.vocab_size),
+        ("hidden size", given.hidden_size, saved.hidden_size),
+        (
+            "MLP width",
+            given.intermediate_size,
+            saved.intermediate_size,
+        ),
+        ("layers", given.num_hidden_layers, saved.num_hidden_layers),
+        (
+            "heads",
+            given.num_attention_heads,
+            saved.num_attention_heads,
+        ),
+        (
+            "key/value heads",
+            given.num_key_value_heads,
+            saved.num_key_value_heads,
+        ),
+    ]
+    .into_iter()
+    .find(|(_, a, b)| a != b)
+    .map(|(what, a, b)| format!("{what} {a}, not the {b}"))
 }
 
 /// --tokenizer, else the model's own, else (for the demo or a random-init
@@ -310,6 +376,22 @@ fn embedded_tokenizer() -> anyhow::Result<TextTokenizer> {
 }
 
 fn load_tokenizer_file(path: &Path) -> anyhow::Result<TextTokenizer> {
+    if path.is_dir() {
+        let inside = path.join("tokenizer.json");
+        if !inside.is_file() {
+            bail!(
+                "--tokenizer {}: a directory without tokenizer.json\nHINT: give a tokenizer.json (with tokenizer_config.json beside it) or a .gguf file",
+                path.display()
+            );
+        }
+        return Ok(TextTokenizer::from_file(&inside)?);
+    }
+    if !path.is_file() {
+        bail!(
+            "--tokenizer {}: no such file\nHINT: give a tokenizer.json (with tokenizer_config.json beside it) or a .gguf file",
+            path.display()
+        );
+    }
     if !is_gguf(path) {
         return Ok(TextTokenizer::from_file(path)?);
     }
@@ -372,11 +454,12 @@ impl Progress {
         let flag = Arc::clone(&stop);
         ctrlc::set_handler(move || {
             if flag.swap(true, Ordering::SeqCst) {
-                // A second Ctrl-C: leave now. Every file is written through a
+                // A second Ctrl-C (or SIGTERM, SIGHUP: ctrlc's
+                // `termination` feature): leave now. Every file is written through a
                 // temporary and a rename, so nothing half-written remains.
                 std::process::exit(i32::from(INTERRUPTED_EXIT));
             }
-            eprintln!("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to quit now)");
+            eprintln!("\nCtrl-C or SIGTERM: stopping after this step and saving a checkpoint (Ctrl-C again to quit now)");
         })
         .context("installing the Ctrl-C handler")?;
         Ok(Self { bar, stop, rank })

@@ -237,4 +237,39 @@ mod tests {
         let err = outcome.expect_err("the survivor must not hang or succeed");
         assert!(err.to_string().contains("rank 0 stopped"), "{err}");
     }
+
+    #[test]
+    fn ranks_holding_different_inputs_are_named_by_every_rank() {
+        let verdicts = |values: [u64; 3]| -> Vec<Result<(), String>> {
+            std::thread::scope(|scope| {
+                let threads: Vec<_> = LocalGroup::new(3)
+                    .into_iter()
+                    .map(|comm| {
+                        scope.spawn(move || {
+                            let own = values[comm.rank()];
+                            crate::comm::check_same_on_every_rank(
+                                &comm,
+                                &[("settings", 7), ("training data", own)],
+                            )
+                            .map_err(|e| e.to_string())
+                        })
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| t.join().expect("joins"))
+                    .collect()
+            })
+        };
+        // High bits matter as much as low ones.
+        let same = 0xfedc_ba98_7654_3210;
+        assert!(verdicts([same; 3]).iter().all(Result::is_ok));
+        for verdict in verdicts([same, same, same ^ (1 << 63)]) {
+            let message = verdict.expect_err("rank 2 differs");
+            assert!(
+                message.contains("disagree on training data: rank(s) 2 hold"),
+                "{message}"
+            );
+        }
+    }
 }

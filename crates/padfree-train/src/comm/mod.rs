@@ -93,3 +93,58 @@ pub(crate) fn sum_in_rank_order<'a>(
     }
     sum
 }
+
+/// Checks that every rank holds the same value of each named fingerprint
+/// (the data, the settings, the initial weights): ranks that tokenized
+/// different files, or started from different weights, would otherwise train
+/// a silently inconsistent model. Every rank gets every rank's values and so
+/// reaches the same verdict, naming the first thing that differs and where.
+pub fn check_same_on_every_rank(
+    comm: &dyn Communicator,
+    fingerprints: &[(&str, u64)],
+) -> Result<(), CommError> {
+    let (rank, world_size) = (comm.rank(), comm.world_size());
+    if world_size == 1 {
+        return Ok(());
+    }
+    // 16-bit pieces are exact in f64 and in a sum with zeros.
+    const PIECES: usize = 4;
+    let per_rank = fingerprints.len() * PIECES;
+    let mut table = vec![0.0f64; per_rank * world_size];
+    for (i, (_, value)) in fingerprints.iter().enumerate() {
+        for piece in 0..PIECES {
+            table[rank * per_rank + i * PIECES + piece] = ((value >> (16 * piece)) & 0xffff) as f64;
+        }
+    }
+    comm.all_reduce_sum_f64(&mut table)?;
+    let value_of = |r: usize, i: usize| -> u64 {
+        (0..PIECES).fold(0u64, |acc, piece| {
+            acc | ((table[r * per_rank + i * PIECES + piece] as u64) << (16 * piece))
+        })
+    };
+    for (i, (what, _)) in fingerprints.iter().enumerate() {
+        let differing: Vec<usize> = (1..world_size)
+            .filter(|&r| value_of(r, i) != value_of(0, i))
+            .collect();
+        if let Some(&first) = differing.first() {
+            return Err(CommError {
+                rank,
+                world_size,
+                message: format!(
+                    "the ranks disagree on {what}: rank(s) {} hold something other than rank 0 (fingerprint {:016x} vs {:016x})",
+                    differing
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    value_of(first, i),
+                    value_of(0, i)
+                ),
+                hint: format!(
+                    "every rank must read the same {what}: give every rank the same flags and make the files identical on every node"
+                ),
+            });
+        }
+    }
+    Ok(())
+}

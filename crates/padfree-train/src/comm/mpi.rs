@@ -11,6 +11,8 @@
 //! traffic: each rank receives `W - 1` full buffers, against about 2 for a
 //! ring all-reduce (`docs/distributed.md` has the cost model).
 
+use std::sync::Mutex;
+
 use mpi::Threading;
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
@@ -21,11 +23,27 @@ use super::{CommError, Communicator, sum_in_rank_order};
 /// Values per gathered chunk: 4 Mi (32 MiB of f64 per rank).
 pub const CHUNK: usize = 1 << 22;
 
-/// The MPI world of this process. Dropping it finalises MPI.
+/// The MPI world of this process. Dropping it does not finalise MPI: a rank
+/// that drops it on the way out of an error must not wait in
+/// `MPI_Finalize` for ranks still waiting for it in a collective (a hang);
+/// it calls [`abort_job`], and a rank that finished calls [`finalize`].
 pub struct MpiWorld {
     world: SimpleCommunicator,
-    // Declared last: dropped (MPI_Finalize) after the communicator.
-    _universe: Universe,
+}
+
+/// The environment `MpiWorld::init` opened, until [`finalize`].
+static UNIVERSE: Mutex<Option<Universe>> = Mutex::new(None);
+
+/// Finalises MPI (`MPI_Finalize`, which waits for every rank): call it once
+/// this rank has finished without error. Does nothing without MPI.
+pub fn finalize() {
+    let universe = UNIVERSE.lock().map(|mut u| u.take()).unwrap_or(None);
+    drop(universe);
+}
+
+/// Whether MPI was initialised and not yet finalised in this process.
+pub fn is_initialized() -> bool {
+    UNIVERSE.lock().map(|u| u.is_some()).unwrap_or(false)
 }
 
 impl std::fmt::Debug for MpiWorld {
@@ -70,10 +88,10 @@ impl MpiWorld {
             ));
         }
         let world = universe.world();
-        Ok(Self {
-            world,
-            _universe: universe,
-        })
+        if let Ok(mut slot) = UNIVERSE.lock() {
+            *slot = Some(universe);
+        }
+        Ok(Self { world })
     }
 
     fn gather_sum(&self, values: &mut [f64]) {

@@ -16,7 +16,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use padfree_model::flops::{StepWork, training_flops};
 use padfree_train::checkpoint::write_atomically;
-use padfree_train::{Trainer, peak_memory_bytes};
+use padfree_train::{Communicator, Trainer, peak_memory_bytes};
 use serde::{Deserialize, Serialize};
 
 use crate::args::{BenchJob, BenchMode, Peer};
@@ -72,6 +72,11 @@ impl BenchJob {
             ("--learning-rate", self.learning_rate.to_string()),
             ("--seed", self.seed.to_string()),
             ("--max-seq-len", self.max_seq_len.to_string()),
+            ("--threads", self.threads.to_string()),
+            (
+                "--multipack-bins-per-step",
+                self.multipack_bins_per_step.to_string(),
+            ),
             ("--child-mode", mode.name()),
             ("--child-result", result.display().to_string()),
         ] {
@@ -185,10 +190,33 @@ fn run_mode(args: &BenchJob, mode: BenchMode, output_dir: &Path) -> anyhow::Resu
         args.timing_warmup_steps,
         args.max_steps
     );
-    let mut command = Command::new(&exe);
+    let mut command = if mode.ranks > 1 {
+        let mut command = Command::new(&args.mpirun);
+        command
+            .args(["-np", &mode.ranks.to_string(), "--bind-to", "none"])
+            .arg("--oversubscribe")
+            .arg(&exe);
+        command
+    } else {
+        Command::new(&exe)
+    };
     command.args(args.child_args(mode, &result_path));
-    command.env("RAYON_NUM_THREADS", args.threads.to_string());
-    let output = command.output().context("starting a benchmark run")?;
+    command.env(
+        "RAYON_NUM_THREADS",
+        (args.threads / mode.ranks).max(1).to_string(),
+    );
+    let output = command.output().with_context(|| {
+        if mode.ranks > 1 {
+            format!(
+                "starting `{} -np {}` for the {} run\nHINT: install Open MPI (Debian: openmpi-bin) or give --mpirun",
+                args.mpirun.display(),
+                mode.ranks,
+                mode.name()
+            )
+        } else {
+            "starting a benchmark run".to_owned()
+        }
+    })?;
     if !output.status.success() {
         bail!(
             "the {} run failed:\n{}{}",
@@ -205,22 +233,44 @@ fn run_mode(args: &BenchJob, mode: BenchMode, output_dir: &Path) -> anyhow::Resu
 }
 
 fn run_child(args: &BenchJob, mode: BenchMode, result: &Path) -> anyhow::Result<()> {
+    // One process, or one rank of `mpirun -np ranks`.
+    let comm = crate::ranks::communicator()?;
+    if comm.world_size() != mode.ranks {
+        bail!(
+            "the {} run started as {} ranks",
+            mode.name(),
+            comm.world_size()
+        );
+    }
+    let lead = comm.rank() == 0;
     // The trainer wants an output directory; nothing is saved there.
     let scratch = std::env::temp_dir().join(format!("padfree-bench-{}", std::process::id()));
-    let outcome = timed_run(args, mode, &scratch);
+    let outcome = timed_run(args, mode, comm, &scratch);
     std::fs::remove_dir_all(&scratch).ok();
-    write_atomically(result, &serde_json::to_vec_pretty(&outcome?)?)?;
+    let outcome = outcome?;
+    if lead {
+        write_atomically(result, &serde_json::to_vec_pretty(&outcome)?)?;
+    }
     Ok(())
 }
 
 /// Trains `mode` for the warm-up and timed steps and measures the timed ones.
-fn timed_run(args: &BenchJob, mode: BenchMode, scratch: &Path) -> anyhow::Result<ModeResult> {
+/// On several ranks the figures are the job's: real and fed tokens and
+/// samples summed over ranks, the time of rank 0 (which waits for the others
+/// in every step's gradient sum), peak memory summed over the processes.
+fn timed_run(
+    args: &BenchJob,
+    mode: BenchMode,
+    comm: Box<dyn Communicator>,
+    scratch: &Path,
+) -> anyhow::Result<ModeResult> {
     let job = args.train_job(mode)?;
     let loaded = train::load(&job)?;
     let config = loaded.model.config().clone();
     let mut model_flops = 0.0;
     let lengths: Vec<usize> = loaded.dataset.examples.iter().map(|e| e.len()).collect();
-    let mut trainer = Trainer::new(
+    let mut trainer = Trainer::new_on(
+        comm,
         loaded.model,
         loaded.dataset.examples,
         job.train_config(&lengths),
@@ -234,6 +284,7 @@ fn timed_run(args: &BenchJob, mode: BenchMode, scratch: &Path) -> anyhow::Result
         step_losses.push(metrics.loss);
         if step >= args.timing_warmup_steps {
             seconds += metrics.seconds;
+            // The step's figures are global (every rank's micro-batches).
             real += metrics.real_tokens;
             fed += metrics.fed_tokens;
             samples += metrics.examples;
@@ -259,10 +310,19 @@ fn timed_run(args: &BenchJob, mode: BenchMode, scratch: &Path) -> anyhow::Result
         fed_tokens_per_second: fed as f64 / runtime,
         samples_per_second: samples as f64 / runtime,
         padding_fraction: 1.0 - real as f64 / fed.max(1) as f64,
-        peak_memory_bytes: peak_memory_bytes(),
+        peak_memory_bytes: job_peak_memory(trainer.communicator())?,
         final_loss: step_losses.last().copied().unwrap_or(f64::NAN),
         step_losses,
         model_flops: Some(model_flops),
     };
     Ok(outcome)
+}
+
+/// The peak resident memory of the whole job: every rank's, summed.
+fn job_peak_memory(comm: &dyn Communicator) -> anyhow::Result<Option<u64>> {
+    let own = peak_memory_bytes();
+    // [bytes, ranks that could tell]
+    let mut sum = [own.unwrap_or(0) as f64, f64::from(u8::from(own.is_some()))];
+    comm.all_reduce_sum_f64(&mut sum)?;
+    Ok((sum[1] as usize == comm.world_size()).then_some(sum[0] as u64))
 }

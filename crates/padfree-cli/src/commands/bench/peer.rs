@@ -53,6 +53,7 @@ pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathB
     let job = args.train_job(BenchMode {
         attention: AttentionMode::Varlen,
         multipack: false,
+        ranks: 1,
     })?;
     let loaded = train::load(&job)?;
     loaded.model.save_hf_dir(&peer_dir.join("model"))?;

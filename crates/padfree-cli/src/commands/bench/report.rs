@@ -12,7 +12,13 @@ use crate::args::BenchJob;
 use crate::clock::utc_timestamp;
 
 /// The row name of a mode in the table.
-pub(super) fn label(mode: &str) -> &str {
+pub(super) fn label(mode: &str) -> String {
+    if let Some((one_process, ranks)) = mode
+        .strip_suffix("ranks")
+        .and_then(|rest| rest.rsplit_once('-'))
+    {
+        return format!("{}, {ranks} MPI ranks", label(one_process));
+    }
     match mode {
         "padded" => "padfree, padded",
         "varlen-per-layer" => "padfree, padding-free, metadata derived in every layer",
@@ -23,6 +29,25 @@ pub(super) fn label(mode: &str) -> &str {
         "hf-flattening" => "HF transformers, DataCollatorWithFlattening",
         other => other,
     }
+    .to_owned()
+}
+
+fn threads(count: usize) -> String {
+    if count == 1 {
+        "1 thread".to_owned()
+    } else {
+        format!("{count} threads")
+    }
+}
+
+/// Which rows train on the same batches, so their losses must agree: fixed
+/// batches (padfree's and HF's), or multipack bins (one process or ranks).
+fn batching(mode: &str) -> &'static str {
+    if mode.contains("-multipack") {
+        "multipack bins"
+    } else {
+        "fixed batches"
+    }
 }
 
 /// The table and what follows from it.
@@ -32,6 +57,9 @@ pub(super) struct Report {
     machine: String,
     command: String,
     threads: String,
+    /// Threads of a one-process run (a run on N ranks gives each 1/N).
+    #[serde(skip)]
+    job_threads: usize,
     repeats: u32,
     /// What MFU is measured against.
     peak: Peak,
@@ -54,6 +82,7 @@ impl Report {
             machine: machine_description(),
             command,
             threads: args.threads.to_string(),
+            job_threads: args.threads,
             repeats: args.repeats,
             peak,
             results: medians(&runs),
@@ -162,6 +191,26 @@ impl Report {
                 packed.real_tokens_per_second / fixed.real_tokens_per_second
             ));
         }
+        for ranked in self.results.iter().filter(|r| r.mode.ends_with("ranks")) {
+            let Some((one_process, ranks)) = ranked
+                .mode
+                .strip_suffix("ranks")
+                .and_then(|rest| rest.rsplit_once('-'))
+            else {
+                continue;
+            };
+            if let Some(single) = find(one_process) {
+                out.push(format!(
+                    "- {ranks} MPI ranks of {} vs 1 process of {} on the same multipack bins ({}): {:.3}x real tokens/s, peak memory {:.0} vs {:.0} MiB (all ranks).",
+                    threads(self.job_threads / ranks.parse::<usize>().unwrap_or(1).max(1)),
+                    threads(self.job_threads),
+                    one_process,
+                    ranked.real_tokens_per_second / single.real_tokens_per_second,
+                    ranked.peak_memory_bytes.unwrap_or(0) as f64 / 1048576.0,
+                    single.peak_memory_bytes.unwrap_or(0) as f64 / 1048576.0
+                ));
+            }
+        }
         if let (Some(ours), Some(theirs)) = (find("varlen"), find("hf-flattening")) {
             out.push(format!(
                 "- padfree padding-free vs HF transformers padding-free (same threads): {:.3}x real tokens/s, peak memory {:.0} vs {:.0} MiB.",
@@ -176,9 +225,16 @@ impl Report {
                 ours.real_tokens_per_second / theirs.real_tokens_per_second
             ));
         }
-        if let Some(first) = self.results.first() {
-            let worst = self
+        for kind in ["fixed batches", "multipack bins"] {
+            let group: Vec<&ModeResult> = self
                 .results
+                .iter()
+                .filter(|r| batching(&r.mode) == kind)
+                .collect();
+            let Some(first) = group.first() else {
+                continue;
+            };
+            let worst = group
                 .iter()
                 .flat_map(|r| {
                     r.step_losses
@@ -188,7 +244,7 @@ impl Report {
                 })
                 .fold(0.0, f64::max);
             out.push(format!(
-                "- losses agree: every run starts from the same weights and sees the same batches; the largest relative difference of any step's loss from the {} run is {worst:.2e} over {} steps (HF logs losses rounded to 4 decimals).",
+                "- losses agree on {kind}: those runs start from the same weights and see the same batches; the largest relative difference of any step's loss from the {} run is {worst:.2e} over {} steps (HF logs losses rounded to 4 decimals).",
                 first.mode,
                 first.step_losses.len()
             ));
@@ -210,7 +266,7 @@ impl Report {
 
     pub(super) fn write(&self, dir: &Path) -> anyhow::Result<()> {
         let markdown = format!(
-            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\n{}\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process from the same initial weights on the same batches; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n\nPer-step losses are in bench.json.\n",
+            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\n{}\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process (a mode on N ranks in N processes under mpirun, sharing the threads) from the same initial weights; the fixed-batch rows (padfree's and HF's) train on the same batches, the multipack rows on the same bins; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n\nPer-step losses are in bench.json.\n",
             self.date,
             self.machine,
             self.command,
