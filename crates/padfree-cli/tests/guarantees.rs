@@ -413,6 +413,30 @@ fn rough_edges_get_a_clear_message_or_just_work() {
         1,
     ));
     assert!(output.status.success(), "{}", stderr(&output));
+    // Raw `{text}` records (TRL's dataset_text_field), under another name.
+    let corpus = dir.join("corpus.jsonl");
+    let lines: String = first_records(12)
+        .lines()
+        .map(|line| {
+            let record: serde_json::Value = serde_json::from_str(line).expect("json");
+            format!(
+                "{}\n",
+                serde_json::json!({"body": record["answer"].clone(), "id": 1})
+            )
+        })
+        .collect();
+    std::fs::write(&corpus, lines).expect("write");
+    let output = run(&with(
+        train_args(
+            &config,
+            &corpus.display().to_string(),
+            &dir.join("text"),
+            1,
+            1,
+        ),
+        &["--dataset-text-field", "body"],
+    ));
+    assert!(output.status.success(), "{}", stderr(&output));
     // A negative number reaches validation instead of clap's "unexpected
     // argument '-0'".
     let output = run(&with(
@@ -454,4 +478,67 @@ fn rough_edges_get_a_clear_message_or_just_work() {
         message.contains("a directory without tokenizer.json") && !message.contains("--data"),
         "{message}"
     );
+}
+
+#[test]
+fn input_memory_and_disk_are_bounded_before_any_work() {
+    let guard = scratch("bounds");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    // A file without line breaks is refused after one record's bound, not
+    // read until memory runs out.
+    let started = Instant::now();
+    let output = run(&train_args(&config, "/dev/zero", &dir.join("zero"), 1, 1));
+    let message = stderr(&output);
+    assert!(
+        message.contains("/dev/zero:line 1: longer than 64 MiB without a line break"),
+        "{message}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // A model far beyond this machine's memory is refused with the figures
+    // before anything is allocated (it used to abort in the allocator).
+    let huge = dir.join("huge.json");
+    std::fs::write(
+        &huge,
+        serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": 4096, "hidden_size": 65536, "intermediate_size": 262144,
+            "num_hidden_layers": 64, "num_attention_heads": 512, "num_key_value_heads": 512,
+            "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "tie_word_embeddings": true, "hidden_act": "silu"
+        })
+        .to_string(),
+    )
+    .expect("write");
+    let output = run(&train_args(
+        &huge.display().to_string(),
+        &data,
+        &dir.join("huge"),
+        1,
+        1,
+    ));
+    let message = stderr(&output);
+    assert!(
+        message.contains("more than this machine's") && message.contains("GiB of memory"),
+        "{message}"
+    );
+    // A disk too small for the run's files is found before the first step,
+    // with checkpoints and without.
+    for strategy in ["steps", "no"] {
+        let out = dir.join(format!("disk-{strategy}"));
+        let output = Command::new(env!("CARGO_BIN_EXE_padfree"))
+            .args(with(
+                train_args(&config, &data, &out, 4, 2),
+                &["--save-strategy", strategy],
+            ))
+            .env("PADFREE_ASSUME_FREE_BYTES", "1000")
+            .output()
+            .expect("runs padfree");
+        let message = stderr(&output);
+        assert!(
+            !output.status.success() && message.contains("GiB are free"),
+            "{message}"
+        );
+        assert!(!out.join("metrics.jsonl").exists(), "no step was taken");
+    }
 }

@@ -63,10 +63,18 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
     let tokenizer = repo("data/gsm-symbolic/tokenizer.json")
         .display()
         .to_string();
+    // A config.json states its vocabulary: a larger tokenizer is refused.
+    let config = dir.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tiny_config_with_shipped_vocab(dir)).expect("config"),
+    )
+    .expect("json");
+    spec["vocab_size"] = 128.into();
+    std::fs::write(&config, spec.to_string()).expect("write config");
     let output = padfree(&[
         "train",
         "--config",
-        "tiny",
+        &config.display().to_string(),
         "--tokenizer",
         &tokenizer,
         "--output-dir",
@@ -79,6 +87,24 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
         "{err}"
     );
     assert!(err.contains("HINT:"), "{err}");
+    // A preset smaller than the tokenizer (128 tokens for `tiny`) grows to
+    // hold it: the shipped one when none is given.
+    let output = padfree(&[
+        "train",
+        "--config",
+        "tiny",
+        "--max-steps",
+        "1",
+        "--output-dir",
+        &dir.join("preset").display().to_string(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("vocabulary: 4096 tokens, from the tokenizer")
+            && stdout.contains("vocab 4096"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -45,6 +45,13 @@ pub enum Record {
         /// The conversation.
         messages: Vec<Message>,
     },
+    /// `{text}` (or the field named by `--dataset-text-field`; TRL's
+    /// `dataset_text_field`): raw text, the loss on every token (continued
+    /// pre-training, raw corpora).
+    Text {
+        /// The text.
+        text: String,
+    },
     /// `{input_ids, labels?}`: used as is; labels default to the ids.
     Tokenized {
         /// Token ids.
@@ -72,6 +79,9 @@ pub struct FieldNames {
     pub completion: Option<String>,
     /// The chat field; `messages` when unset.
     pub messages: Option<String>,
+    /// When set, every record is raw text in this field; unset, a record
+    /// whose only known field is `text` is raw text.
+    pub text: Option<String>,
 }
 
 impl FieldNames {
@@ -84,12 +94,65 @@ impl FieldNames {
 ///
 /// JSONL is one object per line (blank lines allowed); a file whose first
 /// non-blank character is `[` is a JSON array of objects.
+///
+/// A JSONL line longer than [`MAX_RECORD_BYTES`] is refused as soon as it is
+/// seen, so a file without line breaks (`/dev/zero`, a binary file) cannot
+/// grow memory without bound.
 pub fn read_records(path: &Path, fields: &FieldNames) -> Result<Vec<SourceRecord>, DataError> {
-    let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+    let bytes = read_bounded(path)?;
+    read_records_from_bytes(path, &bytes, fields)
+}
+
+/// The longest JSONL record read, in bytes (a JSON array file is not
+/// bounded: it is one value).
+pub const MAX_RECORD_BYTES: usize = 64 << 20;
+
+fn read_bounded(path: &Path) -> Result<Vec<u8>, DataError> {
+    use std::io::Read;
+    let io = |source| DataError::Io {
         path: path.to_owned(),
         source,
-    })?;
-    read_records_from_bytes(path, &bytes, fields)
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut bytes = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    let (mut line_start, mut line) = (0usize, 1usize);
+    loop {
+        let read = file.read(&mut chunk).map_err(io)?;
+        if read == 0 {
+            return Ok(bytes);
+        }
+        let offset = bytes.len();
+        bytes.extend_from_slice(&chunk[..read]);
+        if first_byte(&bytes) == Some(b'[') {
+            continue;
+        }
+        for (i, _) in chunk[..read]
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+        {
+            line_start = offset + i + 1;
+            line += 1;
+        }
+        if bytes.len() - line_start > MAX_RECORD_BYTES {
+            return Err(record_error(
+                path,
+                &format!("line {line}"),
+                format!(
+                    "longer than {} MiB without a line break",
+                    MAX_RECORD_BYTES >> 20
+                ),
+                "give a JSONL file (one JSON object per line) or a JSON array; this does not look like either",
+            ));
+        }
+    }
+}
+
+/// The first byte after a byte-order mark and whitespace.
+fn first_byte(bytes: &[u8]) -> Option<u8> {
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    bytes.iter().copied().find(|b| !b.is_ascii_whitespace())
 }
 
 /// [`read_records`] on text already in memory; `path` names it in errors.
@@ -108,8 +171,7 @@ fn read_records_from_bytes(
 ) -> Result<Vec<SourceRecord>, DataError> {
     // A byte-order mark (Windows editors write one) is not part of the JSON.
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-    let records = match first {
+    let records = match first_byte(bytes) {
         None => Vec::new(),
         Some(b'[') => read_json_array(path, bytes, fields)?,
         Some(_) => read_jsonl(path, bytes, fields)?,
@@ -206,7 +268,7 @@ fn record_error(path: &Path, location: &str, message: String, hint: &str) -> Dat
 
 type Refusal = (String, String);
 
-const SHAPES_HINT: &str = "records must be {prompt, completion}, {question, answer}, {instruction, input, output}, {messages: [{role, content}]} or {input_ids, labels}; name other fields with --prompt-field/--completion-field/--messages-field";
+const SHAPES_HINT: &str = "records must be {prompt, completion}, {question, answer}, {instruction, input, output}, {messages: [{role, content}]}, {text} or {input_ids, labels}; name other fields with --prompt-field/--completion-field/--messages-field/--dataset-text-field";
 
 fn record_from_value(value: Value, fields: &FieldNames) -> Result<Record, Refusal> {
     let Value::Object(object) = value else {
@@ -219,6 +281,11 @@ fn record_from_value(value: Value, fields: &FieldNames) -> Result<Record, Refusa
         return Ok(Record::PromptCompletion {
             prompt: text_field(&object, prompt)?,
             completion: text_field(&object, completion)?,
+        });
+    }
+    if let Some(field) = &fields.text {
+        return Ok(Record::Text {
+            text: text_field(&object, field)?,
         });
     }
     let has = |name: &str| object.contains_key(name);
@@ -249,6 +316,11 @@ fn record_from_value(value: Value, fields: &FieldNames) -> Result<Record, Refusa
         return Ok(Record::PromptCompletion {
             prompt: text_field(&object, "prompt")?,
             completion: text_field(&object, "completion")?,
+        });
+    }
+    if has("text") {
+        return Ok(Record::Text {
+            text: text_field(&object, "text")?,
         });
     }
     let names: Vec<&str> = object.keys().map(String::as_str).collect();

@@ -461,6 +461,8 @@ fn render(record: &Record, tokenizer: &TextTokenizer, as_chat: bool) -> Result<R
             };
             (user, output.clone())
         }
+        // Raw text stays raw under a chat template: BOS, the text, EOS.
+        Record::Text { text } => return Ok(plain(String::new(), text)),
         Record::Tokenized { .. } => return Err("a pre-tokenized record has no text".into()),
     };
     if !as_chat {

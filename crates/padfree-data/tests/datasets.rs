@@ -74,6 +74,7 @@ fn every_record_shape_is_recognised() {
         prompt: Some("src".into()),
         completion: Some("tgt".into()),
         messages: None,
+        text: None,
     };
     let records = read_records_from_str(
         Path::new("d.jsonl"),
@@ -111,8 +112,8 @@ fn bad_records_are_refused_with_file_line_and_field() {
             "field `prompt` must be a string, found a number",
         ),
         (
-            r#"{"text": "t"}"#.to_owned(),
-            "no known record shape; the record has fields: text",
+            r#"{"body": "t"}"#.to_owned(),
+            "no known record shape; the record has fields: body",
         ),
         (r#"[1]"#.to_owned(), "expected a JSON object"),
         (
@@ -301,4 +302,47 @@ fn token_ids_outside_the_model_vocabulary_are_refused() {
     )
     .expect_err("refused");
     assert!(err.to_string().contains("needs a tokenizer"), "{err}");
+}
+
+#[test]
+fn text_records_put_the_loss_on_every_token() {
+    let tokenizer = shipped_tokenizer();
+    // `{text}` alone is raw text; a leading byte-order mark is not data.
+    let records = read_records_from_str(
+        Path::new("corpus.jsonl"),
+        "\u{feff}{\"text\": \"Seven apples and three pears.\"}\n",
+        &FieldNames::default(),
+    )
+    .expect("parses");
+    assert_eq!(
+        records[0].record,
+        Record::Text {
+            text: "Seven apples and three pears.".into()
+        }
+    );
+    let data = tokenize(&records, &tokenizer, &config(512, Overlong::Truncate));
+    let example = &data.examples[0];
+    let text = tokenizer
+        .encode("Seven apples and three pears.", false)
+        .expect("encodes");
+    let bos = tokenizer.encode("", true).expect("encodes").len();
+    assert_eq!(example.len(), bos + text.len() + 1);
+    // Every token but the specials before the text carries loss, EOS too.
+    assert_eq!(example.num_loss_tokens(), example.len() - bos.max(1));
+    // Another field name, as TRL's dataset_text_field.
+    let named = FieldNames {
+        text: Some("content".into()),
+        ..FieldNames::default()
+    };
+    let records = read_records_from_str(
+        Path::new("corpus.jsonl"),
+        r#"{"content": "x", "id": 7}"#,
+        &named,
+    )
+    .expect("parses");
+    assert_eq!(records[0].record, Record::Text { text: "x".into() });
+    let message = read_records_from_str(Path::new("corpus.jsonl"), r#"{"id": 7}"#, &named)
+        .expect_err("no content field")
+        .to_string();
+    assert!(message.contains("field `content` is missing"), "{message}");
 }

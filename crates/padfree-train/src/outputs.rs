@@ -93,6 +93,31 @@ pub fn lock_output_dir(dir: &Path) -> Result<OutputLock, TrainError> {
     Ok(OutputLock { _file: file })
 }
 
+/// Refuses to start a run whose files (`needed` bytes) would not fit on the
+/// disk of `dir`: found at the first checkpoint or, with no checkpoints,
+/// only after all the training.
+pub fn check_free_space(dir: &Path, needed: u64) -> Result<(), TrainError> {
+    // A test hook: a small disk without making one.
+    let free = match std::env::var("PADFREE_ASSUME_FREE_BYTES") {
+        Ok(bytes) => bytes.parse().ok(),
+        Err(_) => nix::sys::statvfs::statvfs(dir)
+            .ok()
+            .map(|s| s.blocks_available().saturating_mul(s.fragment_size())),
+    };
+    match free {
+        Some(free) if free < needed => Err(TrainError::Checkpoint {
+            path: dir.to_owned(),
+            message: format!(
+                "the run writes about {:.2} GiB (its checkpoints and the final model), but {:.2} GiB are free",
+                needed as f64 / 1073741824.0,
+                free as f64 / 1073741824.0
+            ),
+            hint: "free disk space, choose another --output-dir, save less often (--save-steps), or --save-strategy no".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses an output directory that is, or lies inside, the checkpoint a run
 /// resumes from (its files would be overwritten under it), or that is itself
 /// a checkpoint.

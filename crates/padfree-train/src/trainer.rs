@@ -357,11 +357,42 @@ impl Trainer {
     }
 
     fn should_save(&self, metrics: &StepMetrics) -> bool {
+        self.saves_after(metrics.step)
+    }
+
+    /// Whether step `step` (1-based) is followed by a checkpoint, by the
+    /// save strategy (the last step writes the final model instead).
+    fn saves_after(&self, step: usize) -> bool {
         match self.config.save_strategy {
             SaveStrategy::No => false,
-            SaveStrategy::Steps(every) => metrics.step.is_multiple_of(every),
-            SaveStrategy::Epoch => self.plan.steps()[metrics.step - 1].ends_epoch(),
+            SaveStrategy::Steps(every) => step.is_multiple_of(every),
+            SaveStrategy::Epoch => self.plan.steps()[step - 1].ends_epoch(),
         }
+    }
+
+    /// The checkpoints the rest of the run will write.
+    pub fn checkpoints_ahead(&self) -> usize {
+        (self.global_step + 1..self.plan.len())
+            .filter(|&step| self.saves_after(step))
+            .count()
+    }
+
+    /// About how many bytes the rest of the run writes: every checkpoint
+    /// ahead (weights and AdamW's two moments, f32, plus the tokenizer
+    /// files) and the final model.
+    pub fn bytes_to_write(&self) -> u64 {
+        let params: u64 = self
+            .model
+            .params()
+            .iter()
+            .map(|p| p.hf_shape().iter().product::<usize>() as u64)
+            .sum();
+        let artifacts: u64 = self.artifacts.iter().map(|(_, b)| b.len() as u64).sum();
+        // Headers, configs, states: a megabyte is generous.
+        let slack = 1 << 20;
+        let model = 4 * params + artifacts + slack;
+        let checkpoint = model + 8 * params;
+        self.checkpoints_ahead() as u64 * checkpoint + model
     }
 
     /// Writes `checkpoint-{global_step}` now (rank 0; the other ranks wait

@@ -78,6 +78,10 @@ pub struct TrainArgs {
     /// The field holding chat messages (default: messages).
     #[arg(long)]
     pub messages_field: Option<String>,
+    /// Every record is raw text in this field, the loss on every token
+    /// (TRL's dataset_text_field; records of only `text` are read so anyway).
+    #[arg(long, conflicts_with_all = ["prompt_field", "messages_field"])]
+    pub dataset_text_field: Option<String>,
     /// Put the loss on the prompt too (default: on the response only).
     #[arg(long)]
     pub train_on_inputs: bool,
@@ -354,6 +358,7 @@ impl TrainArgs {
                 prompt: self.prompt_field,
                 completion: self.completion_field,
                 messages: self.messages_field,
+                text: self.dataset_text_field,
             },
             train_on_inputs: self.train_on_inputs,
             use_chat_template: self.use_chat_template,

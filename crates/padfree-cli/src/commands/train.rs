@@ -8,15 +8,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
-    TextTokenizer, TokenizeConfig, read_records, read_records_from_str, tokenize_records,
+    Record, TextTokenizer, TokenizeConfig, read_records, read_records_from_str, tokenize_records,
 };
 use padfree_model::gguf::GgufFile;
 use padfree_model::tensor::{cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
 use padfree_train::checkpoint;
 use padfree_train::outputs::{
-    LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, check_output_dir_outside, lock_output_dir,
-    prepare_output_dir,
+    LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, check_free_space, check_output_dir_outside,
+    lock_output_dir, prepare_output_dir,
 };
 use padfree_train::{Batching, LogRecord, Observer, StepMetrics, TrainConfig, Trainer};
 
@@ -154,6 +154,9 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             artifacts,
         )?,
     };
+    if rank == 0 {
+        check_free_space(&job.output_dir, trainer.bytes_to_write())?;
+    }
     print_packing(&trainer, &config);
     say!(
         "training: {} optimizer steps ({} from step {}), attention {}{}, output {}",
@@ -204,7 +207,46 @@ pub struct Loaded {
 
 /// Loads the model, tokenizer and data of `job`, printing what was loaded.
 pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
-    let model = load_model(job)?;
+    let (data_name, records) = match &job.data {
+        Some(path) => (path.clone(), read_records(path, &job.fields)?),
+        None => (
+            PathBuf::from(EMBEDDED_DATA_NAME),
+            read_records_from_str(Path::new(EMBEDDED_DATA_NAME), EMBEDDED_DATA, &job.fields)?,
+        ),
+    };
+    // A preset's vocabulary grows to hold the tokenizer (the given one, else
+    // the shipped one, unless the data is all token ids); it never shrinks,
+    // so a preset keeps the size its benchmarks were measured at.
+    let preset_vocab = match &job.model {
+        ModelSource::Init(name)
+            if job.resume_from_checkpoint.is_none()
+                && (job.tokenizer.is_some()
+                    || records
+                        .iter()
+                        .any(|r| !matches!(r.record, Record::Tokenized { .. }))) =>
+        {
+            match LlamaConfig::named(name) {
+                Some(preset) => {
+                    let tokenizer = match &job.tokenizer {
+                        Some(path) => load_tokenizer_file(path)?,
+                        None => embedded_tokenizer()?,
+                    };
+                    (tokenizer.vocab_size() > preset.vocab_size).then(|| {
+                        say!(
+                            "vocabulary: {} tokens, from the tokenizer {} (the preset `{name}` has {}; it grows to hold the tokenizer)",
+                            tokenizer.vocab_size(),
+                            tokenizer.source_name(),
+                            preset.vocab_size
+                        );
+                        tokenizer.vocab_size()
+                    })
+                }
+                None => None,
+            }
+        }
+        _ => None,
+    };
+    let model = load_model(job, preset_vocab)?;
     let config = model.config().clone();
     say!(
         "model: {} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}, {:.1}M parameters)",
@@ -225,13 +267,6 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
             tokenizer.vocab_size()
         );
     }
-    let (data_name, records) = match &job.data {
-        Some(path) => (path.clone(), read_records(path, &job.fields)?),
-        None => (
-            PathBuf::from(EMBEDDED_DATA_NAME),
-            read_records_from_str(Path::new(EMBEDDED_DATA_NAME), EMBEDDED_DATA, &job.fields)?,
-        ),
-    };
     let max_seq_len = job.max_seq_len.min(config.max_position_embeddings);
     let tokenize = TokenizeConfig {
         train_on_inputs: job.train_on_inputs,
@@ -259,7 +294,8 @@ fn describe_model(job: &TrainJob) -> String {
     }
 }
 
-fn load_model(job: &TrainJob) -> anyhow::Result<LlamaModel> {
+/// `preset_vocab`: the vocabulary size a preset takes (from the tokenizer).
+fn load_model(job: &TrainJob, preset_vocab: Option<usize>) -> anyhow::Result<LlamaModel> {
     let device = if job.gradient_checkpointing {
         cpu_device_with_checkpointing()
     } else {
@@ -293,10 +329,45 @@ fn load_model(job: &TrainJob) -> anyhow::Result<LlamaModel> {
         return Ok(model);
     }
     Ok(match &job.model {
-        ModelSource::HfDir(dir) => LlamaModel::from_hf_dir(dir, &device)?,
+        ModelSource::HfDir(dir) => {
+            check_memory(&LlamaConfig::from_hf_file(&dir.join("config.json"))?)?;
+            LlamaModel::from_hf_dir(dir, &device)?
+        }
         ModelSource::Gguf(path) => LlamaModel::from_gguf(path, &device)?,
-        ModelSource::Init(name) => LlamaModel::init(&init_config(name)?, job.train.seed, &device)?,
+        ModelSource::Init(name) => {
+            let mut config = init_config(name)?;
+            if let Some(vocab) = preset_vocab {
+                config.vocab_size = vocab;
+            }
+            check_memory(&config)?;
+            LlamaModel::init(&config, job.train.seed, &device)?
+        }
     })
+}
+
+/// Refuses, before allocating it, a model whose training state alone (f32
+/// weights, gradients and AdamW's two moments: 16 bytes a parameter) would
+/// not fit in this machine's memory, instead of an allocator abort later.
+fn check_memory(config: &LlamaConfig) -> anyhow::Result<()> {
+    let needed = 16.0 * config.num_parameters() as f64;
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map(|kib| kib * 1024.0);
+    if let Some(total) = total
+        && needed > total
+    {
+        bail!(
+            "the model has {:.1}M parameters: training needs at least {:.1} GiB for its weights, gradients and AdamW's moments (f32), more than this machine's {:.1} GiB of memory\nHINT: choose a smaller model or --config, or a machine with more memory",
+            config.num_parameters() as f64 / 1e6,
+            needed / 1073741824.0,
+            total / 1073741824.0
+        );
+    }
+    Ok(())
 }
 
 /// The config of `--config NAME`: a preset or a config.json.
