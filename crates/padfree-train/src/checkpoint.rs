@@ -265,14 +265,17 @@ pub fn checkpoint_dir(output_dir: &Path, step: usize) -> PathBuf {
     output_dir.join(checkpoint_name(step))
 }
 
+/// Whether `dir` looks like a checkpoint. A finished run's own directory
+/// has a trainer state too, but neither of the others.
+pub fn is_checkpoint(dir: &Path) -> bool {
+    dir.join(STATE_FILE).is_file()
+        && (dir.join(OPTIMIZER_FILE).is_file() || dir.join(INTEGRITY_FILE).is_file())
+}
+
 /// Refuses a directory that is not a checkpoint, listing the checkpoints
 /// inside it when it is a run's own directory.
-pub fn check_is_checkpoint(dir: &Path) -> Result<(), TrainError> {
-    // A finished run's own directory has a trainer state too, but neither
-    // of these.
-    if dir.join(STATE_FILE).is_file()
-        && (dir.join(OPTIMIZER_FILE).is_file() || dir.join(INTEGRITY_FILE).is_file())
-    {
+fn check_is_checkpoint(dir: &Path) -> Result<(), TrainError> {
+    if is_checkpoint(dir) {
         return Ok(());
     }
     let mut steps: Vec<usize> = std::fs::read_dir(dir)
@@ -375,10 +378,25 @@ impl FileRecord {
     }
 }
 
-/// Checks every file of checkpoint `dir` against its `integrity.json`, and
-/// that they belong to the step its trainer state says; names the first file
-/// that differs.
-pub fn verify(dir: &Path) -> Result<(), TrainError> {
+/// A checkpoint whose files matched its integrity record when
+/// [`verify`] read them; resume takes one, so a checkpoint is hashed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    dir: PathBuf,
+}
+
+impl Verified {
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Checks that `dir` is a checkpoint, every file of it against its
+/// `integrity.json`, and that they belong to the step its trainer state
+/// says; names the first file that differs.
+pub fn verify(dir: &Path) -> Result<Verified, TrainError> {
+    check_is_checkpoint(dir)?;
     let damaged = |path: PathBuf, message: String| {
         TrainError::Checkpoint {
         path,
@@ -438,5 +456,7 @@ pub fn verify(dir: &Path) -> Result<(), TrainError> {
             ),
         ));
     }
-    Ok(())
+    Ok(Verified {
+        dir: dir.to_owned(),
+    })
 }

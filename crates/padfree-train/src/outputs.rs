@@ -139,7 +139,7 @@ pub fn check_output_dir_outside(
             });
         }
     }
-    if out.join(STATE_FILE).is_file() && out.join(crate::checkpoint::OPTIMIZER_FILE).is_file() {
+    if crate::checkpoint::is_checkpoint(&out) {
         return Err(TrainError::Checkpoint {
             path: output_dir.to_owned(),
             message: "the output directory is a checkpoint".into(),

@@ -104,8 +104,18 @@ impl Trainer {
                 hint: "load it with padfree_model::tensor::cpu_device(true)",
             });
         }
+        // One pass over the weights: refuse a non-finite one and, with
+        // several ranks, fingerprint them (a rank that read another file,
+        // flags or weights would train its share of the plan on something
+        // else, silently).
+        let mut weights_hash = Fnv1a::new();
         for param in model.params() {
             let values = param.value.clone().into_vec();
+            if comm.world_size() > 1 {
+                values
+                    .iter()
+                    .for_each(|v| weights_hash.eat(u64::from(v.to_bits())));
+            }
             if let Some(at) = values.iter().position(|v| !v.is_finite()) {
                 return Err(TrainError::Config {
                     flag: "model",
@@ -119,20 +129,17 @@ impl Trainer {
             }
         }
         if comm.world_size() > 1 {
-            // A rank that read another file, flags or weights would train
-            // its share of the plan on something else, silently.
-            let settings = serde_json::to_vec(&config).unwrap_or_default();
-            let weights = model
-                .params()
+            let mut settings = Fnv1a::new();
+            serde_json::to_vec(&config)
+                .unwrap_or_default()
                 .into_iter()
-                .flat_map(|p| p.value.clone().into_vec())
-                .map(f32::to_bits);
+                .for_each(|b| settings.eat(u64::from(b)));
             crate::comm::check_same_on_every_rank(
                 comm.as_ref(),
                 &[
                     ("training data", fingerprint(&examples)),
-                    ("settings", fnv1a(settings.into_iter().map(u64::from))),
-                    ("initial weights", fnv1a(weights.map(u64::from))),
+                    ("settings", settings.finish()),
+                    ("initial weights", weights_hash.finish()),
                 ],
             )?;
         }
@@ -180,12 +187,12 @@ impl Trainer {
         })
     }
 
-    /// Continues the run saved in `checkpoint_dir`; `model` must be the
-    /// checkpoint's weights (`LlamaModel::from_hf_dir(checkpoint_dir, ..)`).
+    /// Continues the run saved in `checkpoint` (from `checkpoint::verify`);
+    /// `model` must be its weights (`LlamaModel::from_hf_dir(checkpoint.dir(), ..)`).
     /// The data and every setting that shapes the run must be the saved ones.
     pub fn resume(
         model: LlamaModel,
-        checkpoint_dir: &Path,
+        checkpoint: &checkpoint::Verified,
         examples: Vec<Example>,
         config: TrainConfig,
         output_dir: &Path,
@@ -194,7 +201,7 @@ impl Trainer {
         Self::resume_on(
             Box::new(SingleProcess),
             model,
-            checkpoint_dir,
+            checkpoint,
             examples,
             config,
             output_dir,
@@ -207,14 +214,13 @@ impl Trainer {
     pub fn resume_on(
         comm: Box<dyn Communicator>,
         model: LlamaModel,
-        checkpoint_dir: &Path,
+        checkpoint: &checkpoint::Verified,
         examples: Vec<Example>,
         config: TrainConfig,
         output_dir: &Path,
         artifacts: Vec<(String, Vec<u8>)>,
     ) -> Result<Self, TrainError> {
-        checkpoint::check_is_checkpoint(checkpoint_dir)?;
-        checkpoint::verify(checkpoint_dir)?;
+        let checkpoint_dir = checkpoint.dir();
         let mut trainer = Self::new_on(comm, model, examples, config, output_dir, artifacts)?;
         let saved = checkpoint::read_state(checkpoint_dir)?;
         saved.check_continues(
@@ -311,7 +317,7 @@ impl Trainer {
                 self.log_history.push(record);
                 interval = Interval::default();
             }
-            if self.should_save(&metrics) && !last {
+            if self.saves_after(metrics.step) && !last {
                 let dir = self.save_checkpoint()?;
                 observer.on_save(&dir);
             }
@@ -356,10 +362,6 @@ impl Trainer {
         Ok(stop[0] > 0.0)
     }
 
-    fn should_save(&self, metrics: &StepMetrics) -> bool {
-        self.saves_after(metrics.step)
-    }
-
     /// Whether step `step` (1-based) is followed by a checkpoint, by the
     /// save strategy (the last step writes the final model instead).
     fn saves_after(&self, step: usize) -> bool {
@@ -381,12 +383,7 @@ impl Trainer {
     /// ahead (weights and AdamW's two moments, f32, plus the tokenizer
     /// files) and the final model.
     pub fn bytes_to_write(&self) -> u64 {
-        let params: u64 = self
-            .model
-            .params()
-            .iter()
-            .map(|p| p.hf_shape().iter().product::<usize>() as u64)
-            .sum();
+        let params = self.model.config().num_parameters() as u64;
         let artifacts: u64 = self.artifacts.iter().map(|(_, b)| b.len() as u64).sum();
         // Headers, configs, states: a megabyte is generous.
         let slack = 1 << 20;
@@ -679,23 +676,39 @@ impl Interval {
 /// FNV-1a over every example's ids and labels: a resumed run must train on
 /// the same data.
 fn fingerprint(examples: &[Example]) -> u64 {
-    fnv1a(examples.iter().flat_map(|example| {
-        std::iter::once(example.len() as u64)
-            .chain(example.input_ids().iter().map(|&id| u64::from(id)))
-            .chain(example.labels().iter().map(|&label| label as u64))
-    }))
+    let mut hash = Fnv1a::new();
+    for example in examples {
+        hash.eat(example.len() as u64);
+        example
+            .input_ids()
+            .iter()
+            .for_each(|&id| hash.eat(u64::from(id)));
+        example
+            .labels()
+            .iter()
+            .for_each(|&label| hash.eat(label as u64));
+    }
+    hash.finish()
 }
 
-/// FNV-1a over the little-endian bytes of each value.
-fn fnv1a(values: impl Iterator<Item = u64>) -> u64 {
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    for value in values {
+/// FNV-1a over the little-endian bytes of each value eaten.
+struct Fnv1a(u64);
+
+impl Fnv1a {
+    fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn eat(&mut self, value: u64) {
         for byte in value.to_le_bytes() {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+            self.0 ^= u64::from(byte);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
-    hash
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 impl Trainer {

@@ -9,6 +9,7 @@ use std::path::Path;
 use padfree_model::tensor::{IntoHostVec, cpu_device};
 use padfree_model::{LlamaConfig, LlamaModel};
 
+use padfree_train::checkpoint;
 use padfree_train::outputs::prepare_output_dir;
 use padfree_train::{
     BalanceBy, Batching, Communicator, LocalGroup, Multipack, Observer, Packer, SaveStrategy,
@@ -219,7 +220,7 @@ fn resume_on_two_ranks_continues_exactly() {
         Trainer::resume_on(
             comm,
             weights,
-            &checkpoint,
+            &checkpoint::verify(&checkpoint).expect("verifies"),
             examples(60, 128, 5),
             saving.clone(),
             dir.path(),
@@ -242,7 +243,7 @@ fn resume_on_two_ranks_continues_exactly() {
     let weights = LlamaModel::from_hf_dir(&checkpoint, &cpu_device(true)).expect("loads");
     let err = Trainer::resume(
         weights,
-        &checkpoint,
+        &checkpoint::verify(&checkpoint).expect("verifies"),
         examples(60, 128, 5),
         TrainConfig {
             world_size: 1,

@@ -7,6 +7,7 @@ use std::path::Path;
 use padfree_model::tensor::{IntoHostVec, cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
 use padfree_pack::flatten;
+use padfree_train::checkpoint;
 use padfree_train::outputs::{self, prepare_output_dir};
 use padfree_train::{
     AttentionMode, Batching, Observer, SaveStrategy, TrainConfig, TrainError, Trainer, Warmup,
@@ -199,7 +200,7 @@ fn resume_after_an_interruption_is_bit_exact() {
     let weights = LlamaModel::from_hf_dir(&saved, &cpu_device(true)).expect("checkpoint loads");
     let mut resumed = Trainer::resume(
         weights,
-        &saved,
+        &checkpoint::verify(&saved).expect("verifies"),
         examples(40, 128, 3),
         run,
         interrupted_dir,
@@ -258,7 +259,7 @@ fn resuming_with_other_settings_is_refused_by_name() {
     let weights = LlamaModel::from_hf_dir(&saved, &cpu_device(true)).expect("loads");
     let err = Trainer::resume(
         weights,
-        &saved,
+        &checkpoint::verify(&saved).expect("verifies"),
         examples(40, 128, 3),
         changed,
         dir,

@@ -104,6 +104,12 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             rayon::current_num_threads()
         );
     }
+    // Before anything of the checkpoint is read (`load` reads its weights).
+    let verified = job
+        .resume_from_checkpoint
+        .as_deref()
+        .map(checkpoint::verify)
+        .transpose()?;
     let Loaded {
         model,
         tokenizer,
@@ -135,7 +141,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     let lengths: Vec<usize> = dataset.examples.iter().map(|e| e.len()).collect();
     let mut config = job.train_config(&lengths);
     config.world_size = world_size;
-    let mut trainer = match &job.resume_from_checkpoint {
+    let mut trainer = match &verified {
         Some(dir) => Trainer::resume_on(
             comm,
             model,
@@ -217,32 +223,35 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
     // A preset's vocabulary grows to hold the tokenizer (the given one, else
     // the shipped one, unless the data is all token ids); it never shrinks,
     // so a preset keeps the size its benchmarks were measured at.
-    let preset_vocab = match &job.model {
-        ModelSource::Init(name)
-            if job.resume_from_checkpoint.is_none()
-                && (job.tokenizer.is_some()
-                    || records
-                        .iter()
-                        .any(|r| !matches!(r.record, Record::Tokenized { .. }))) =>
+    let preset = match &job.model {
+        ModelSource::Init(name) if job.resume_from_checkpoint.is_none() => {
+            LlamaConfig::named(name).map(|config| (name, config))
+        }
+        _ => None,
+    };
+    let preset_tokenizer = match preset {
+        Some(_)
+            if job.tokenizer.is_some()
+                || records
+                    .iter()
+                    .any(|r| !matches!(r.record, Record::Tokenized { .. })) =>
         {
-            match LlamaConfig::named(name) {
-                Some(preset) => {
-                    let tokenizer = match &job.tokenizer {
-                        Some(path) => load_tokenizer_file(path)?,
-                        None => embedded_tokenizer()?,
-                    };
-                    (tokenizer.vocab_size() > preset.vocab_size).then(|| {
-                        say!(
-                            "vocabulary: {} tokens, from the tokenizer {} (the preset `{name}` has {}; it grows to hold the tokenizer)",
-                            tokenizer.vocab_size(),
-                            tokenizer.source_name(),
-                            preset.vocab_size
-                        );
-                        tokenizer.vocab_size()
-                    })
-                }
-                None => None,
-            }
+            Some(match &job.tokenizer {
+                Some(path) => load_tokenizer_file(path)?,
+                None => embedded_tokenizer()?,
+            })
+        }
+        _ => None,
+    };
+    let preset_vocab = match (&preset, &preset_tokenizer) {
+        (Some((name, config)), Some(tokenizer)) if tokenizer.vocab_size() > config.vocab_size => {
+            say!(
+                "vocabulary: {} tokens, from the tokenizer {} (the preset `{name}` has {}; it grows to hold the tokenizer)",
+                tokenizer.vocab_size(),
+                tokenizer.source_name(),
+                config.vocab_size
+            );
+            Some(tokenizer.vocab_size())
         }
         _ => None,
     };
@@ -258,7 +267,10 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
         config.vocab_size,
         config.num_parameters() as f64 / 1e6
     );
-    let tokenizer = load_tokenizer(job, config.vocab_size)?;
+    let tokenizer = match preset_tokenizer {
+        Some(tokenizer) => Some(tokenizer),
+        None => load_tokenizer(job, config.vocab_size)?,
+    };
     if let Some(tokenizer) = &tokenizer {
         check_vocabularies(tokenizer, &config)?;
         say!(
@@ -302,9 +314,6 @@ fn load_model(job: &TrainJob, preset_vocab: Option<usize>) -> anyhow::Result<Lla
         cpu_device(true)
     };
     if let Some(dir) = &job.resume_from_checkpoint {
-        checkpoint::check_is_checkpoint(dir)?;
-        // Before anything of it is read.
-        checkpoint::verify(dir)?;
         let model = LlamaModel::from_hf_dir(dir, &device)
             .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
         if job.model_given {

@@ -8,16 +8,13 @@ use padfree_train::checkpoint::write_atomically;
 use serde::Serialize;
 
 use super::{ModeResult, Peak};
-use crate::args::BenchJob;
+use crate::args::{BenchJob, BenchMode};
 use crate::clock::utc_timestamp;
 
 /// The row name of a mode in the table.
 pub(super) fn label(mode: &str) -> String {
-    if let Some((one_process, ranks)) = mode
-        .strip_suffix("ranks")
-        .and_then(|rest| rest.rsplit_once('-'))
-    {
-        return format!("{}, {ranks} MPI ranks", label(one_process));
+    if let Some((one_process, ranks)) = on_ranks(mode) {
+        return format!("{}, {ranks} MPI ranks", label(&one_process));
     }
     match mode {
         "padded" => "padfree, padded",
@@ -38,6 +35,13 @@ fn threads(count: usize) -> String {
     } else {
         format!("{count} threads")
     }
+}
+
+/// A mode on several ranks: the name of the same mode in one process, and
+/// the rank count.
+fn on_ranks(mode: &str) -> Option<(String, usize)> {
+    let parsed = mode.parse::<BenchMode>().ok().filter(|m| m.ranks > 1)?;
+    Some((BenchMode { ranks: 1, ..parsed }.name(), parsed.ranks))
 }
 
 /// Which rows train on the same batches, so their losses must agree: fixed
@@ -191,18 +195,14 @@ impl Report {
                 packed.real_tokens_per_second / fixed.real_tokens_per_second
             ));
         }
-        for ranked in self.results.iter().filter(|r| r.mode.ends_with("ranks")) {
-            let Some((one_process, ranks)) = ranked
-                .mode
-                .strip_suffix("ranks")
-                .and_then(|rest| rest.rsplit_once('-'))
-            else {
+        for ranked in &self.results {
+            let Some((one_process, ranks)) = on_ranks(&ranked.mode) else {
                 continue;
             };
-            if let Some(single) = find(one_process) {
+            if let Some(single) = find(&one_process) {
                 out.push(format!(
                     "- {ranks} MPI ranks of {} vs 1 process of {} on the same multipack bins ({}): {:.3}x real tokens/s, peak memory {:.0} vs {:.0} MiB (all ranks).",
-                    threads(self.job_threads / ranks.parse::<usize>().unwrap_or(1).max(1)),
+                    threads(self.job_threads / ranks),
                     threads(self.job_threads),
                     one_process,
                     ranked.real_tokens_per_second / single.real_tokens_per_second,
