@@ -10,6 +10,12 @@ committed under data/gsm-symbolic/:
     .venv-data/bin/python scripts/make_dataset.py
 
 Deterministic for a seed: the same versions give the same files.
+
+eval.jsonl, the held-out split `padfree train`'s demo evaluates on, is 200
+records of another seed with every question of train.jsonl left out; it was
+added later, with reasoning-gym 0.1.19, by
+
+    .venv-data/bin/python scripts/make_dataset.py --eval-only
 """
 
 import argparse
@@ -72,8 +78,30 @@ def main():
     parser.add_argument("--size", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=20261129)
     parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--eval-size", type=int, default=200)
+    parser.add_argument("--eval-seed", type=int, default=20261201)
+    parser.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="write only eval.jsonl (train.jsonl and the tokenizer stay as they are)",
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+
+    # The held-out split: another seed, without any question of train.jsonl.
+    train_path = os.path.join(args.out, "train.jsonl")
+    if args.eval_only:
+        with open(train_path, encoding="utf-8") as f:
+            seen = {json.loads(line)["question"] for line in f}
+    else:
+        seen = {r["question"] for r in make_records(args.size, args.seed)}
+    held_out = [r for r in make_records(2 * args.eval_size, args.eval_seed) if r["question"] not in seen]
+    held_out = held_out[: args.eval_size]
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in held_out)
+    write_atomically(os.path.join(args.out, "eval.jsonl"), lines)
+    print(f"eval.jsonl: {len(held_out)} records (seed {args.eval_seed}), none in train.jsonl")
+    if args.eval_only:
+        return
 
     records = make_records(args.size, args.seed)
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)

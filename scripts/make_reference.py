@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes the Hugging Face reference fixtures that padfree-model's tests compare against.
 
-For a tiny random Llama and a tiny random Mistral (same sizes as padfree's `tiny`
-preset; the Mistral one with tied embeddings), it saves the model with
+For a tiny random Llama, Mistral, Qwen2 and Qwen3 (same sizes as padfree's
+`tiny` preset; Mistral and Qwen2 with tied embeddings; Qwen2 with its q/k/v
+biases, Qwen3 with its per-head q/k RMSNorm), it saves the model with
 `save_pretrained` and, for one flattened batch made by transformers' own
 `DataCollatorWithFlattening`, the logits, the loss and the gradient of every
 parameter, computed by transformers in float32 on the CPU.
@@ -10,7 +11,7 @@ parameter, computed by transformers in float32 on the CPU.
 Usage (from the repository root, in a virtual environment):
 
     python -m venv .venv-ref && .venv-ref/bin/pip install torch transformers safetensors numpy
-    .venv-ref/bin/python scripts/make_reference.py
+    .venv-ref/bin/python scripts/make_reference.py [llama mistral qwen2 qwen3]
 
 The fixtures land in fixtures/hf/<name>/ and are committed; the tests need no Python.
 """
@@ -22,7 +23,17 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import (
+    DataCollatorWithFlattening,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "fixtures" / "hf"
@@ -63,15 +74,25 @@ def build(kind):
     if kind == "llama":
         config = LlamaConfig(**TINY, tie_word_embeddings=False)
         model_class = LlamaForCausalLM
-    else:
+    elif kind == "mistral":
         config = MistralConfig(**TINY, tie_word_embeddings=True, sliding_window=None)
         model_class = MistralForCausalLM
+    elif kind == "qwen2":
+        qwen = {k: v for k, v in TINY.items() if k not in ("attention_bias", "mlp_bias")}
+        config = Qwen2Config(**qwen, tie_word_embeddings=True, use_sliding_window=False)
+        model_class = Qwen2ForCausalLM
+    elif kind == "qwen3":
+        config = Qwen3Config(**TINY, tie_word_embeddings=False, use_sliding_window=False)
+        model_class = Qwen3ForCausalLM
+    else:
+        sys.exit(f"unknown kind {kind}")
     torch.manual_seed(1234)
     model = model_class(config).to(torch.float32)
-    # Norm weights of 1 would hide a transposed or skipped norm: perturb them.
+    # Norm weights of 1 and biases of 0 would hide a transposed or skipped
+    # norm or bias: perturb them.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name.endswith(".bias"):
                 param.add_(0.1 * torch.randn_like(param))
     model.config._attn_implementation = "eager"
     return model
@@ -137,5 +158,5 @@ def reference(kind):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    for kind in ("llama", "mistral"):
+    for kind in sys.argv[1:] or ("llama", "mistral", "qwen2", "qwen3"):
         reference(kind)

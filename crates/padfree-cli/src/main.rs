@@ -26,6 +26,10 @@ fn main() -> std::process::ExitCode {
             .validate()
             .and_then(|job| commands::bench::run(&job))
             .map(|()| false),
+        args::Command::Check(check_args) => check_args
+            .validate()
+            .and_then(|job| commands::check::run(&job))
+            .map(|()| false),
         args::Command::Train(train_args) => train_args
             .validate()
             .and_then(|job| commands::train::run(&job)),

@@ -109,4 +109,45 @@ mod tests {
         let err = template.render(&system, false).expect_err("raises");
         assert!(err.contains("bad role"), "{err}");
     }
+
+    /// Written here in the style of Qwen3's template (tokenizer_config.json
+    /// of the Qwen3 models): the constructs it relies on are a reversed
+    /// slice, a namespace set in a loop, `is string`, Python string methods
+    /// and an empty think block opening the final assistant turn.
+    const QWEN3_STYLE: &str = r#"{%- set ns = namespace(last_user=messages|length - 1) %}
+{%- for m in messages[::-1] %}
+    {%- if m.role == "user" and m.content is string and not m.content.startswith('<tool_response>') and ns.last_user == messages|length - 1 %}
+        {%- set ns.last_user = (messages|length - 1) - loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{%- for m in messages %}
+    {%- if m.role == "assistant" %}
+        {%- set content = m.content.split('</think>')[-1].lstrip('\n') %}
+        {%- if loop.index0 > ns.last_user and loop.last %}
+            {{- '<|im_start|>assistant\n<think>\n\n</think>\n\n' + content.rstrip() + '<|im_end|>\n' }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + m.role + '\n' + m.content.strip() + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"#;
+
+    #[test]
+    fn qwen3_style_templates_render_and_split_at_the_final_answer() {
+        let template = ChatTemplate::new(QWEN3_STYLE, "", "<|im_end|>").expect("compiles");
+        let full = template.render(&chat(), false).expect("renders");
+        let prompt = template.render(&chat()[..1], true).expect("renders");
+        assert_eq!(
+            full,
+            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n4<|im_end|>\n"
+        );
+        // padfree's split (tokenize.rs) puts the empty think block in the
+        // response, as Qwen3's non-thinking fine-tuning does.
+        assert_eq!(
+            full.strip_prefix(&prompt),
+            Some("<think>\n\n</think>\n\n4<|im_end|>\n")
+        );
+    }
 }

@@ -246,6 +246,8 @@ pub struct TokenizeConfig {
 /// Examples ready for the collator, with where each came from.
 #[derive(Debug, Clone)]
 pub struct TokenizedDataset {
+    /// The file the records were read from.
+    pub source: std::path::PathBuf,
     /// One per kept record, in file order.
     pub examples: Vec<Example>,
     /// The record location (`line N`) of every example.
@@ -409,6 +411,7 @@ pub fn tokenize_records(
     report.median_len = lengths[lengths.len() / 2];
     report.max_len = lengths[lengths.len() - 1];
     Ok(TokenizedDataset {
+        source: path.to_owned(),
         examples,
         locations,
         report,

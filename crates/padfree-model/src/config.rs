@@ -4,15 +4,17 @@ use serde::Deserialize;
 
 use crate::error::ModelError;
 
-/// The architecture of a Llama-family decoder (Llama, Mistral, SmolLM2, ...):
-/// they differ in these numbers, not in code.
+/// The architecture of a Llama-family decoder (Llama, Mistral, SmolLM2,
+/// Qwen2, Qwen3, ...): they differ in these numbers and two switches
+/// (`qkv_bias`, `qk_norm`), not in code.
 ///
 /// Built from a Hugging Face `config.json` ([`LlamaConfig::from_hf_file`]) or a
 /// named preset ([`LlamaConfig::tiny`], [`LlamaConfig::small`]), and validated
 /// once on construction: a value of this type is always runnable.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
-    /// `"llama"` or `"mistral"`, written back to `config.json`.
+    /// `"llama"`, `"mistral"`, `"qwen2"` or `"qwen3"`, written back to
+    /// `config.json` (it also names the architecture there).
     pub model_type: String,
     /// Vocabulary size, `V`.
     pub vocab_size: usize,
@@ -44,6 +46,11 @@ pub struct LlamaConfig {
     pub bos_token_id: Option<u64>,
     /// Token ids written back to `config.json`.
     pub eos_token_id: Option<serde_json::Value>,
+    /// Biases on the query, key and value projections (Qwen2), none on the
+    /// output projection.
+    pub qkv_bias: bool,
+    /// An RMSNorm over each query and key head before the rotation (Qwen3).
+    pub qk_norm: bool,
 }
 
 /// `config.json` as Hugging Face writes it; only the fields we read.
@@ -77,6 +84,15 @@ struct HfConfig {
     max_position_embeddings: usize,
     #[serde(default)]
     sliding_window: Option<usize>,
+    /// Qwen2/Qwen3: whether `sliding_window` is used at all ...
+    #[serde(default)]
+    use_sliding_window: bool,
+    /// ... and from which layer on (older configs) ...
+    #[serde(default)]
+    max_window_layers: Option<usize>,
+    /// ... or layer by layer (newer configs).
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
     #[serde(default)]
     attention_bias: bool,
     #[serde(default)]
@@ -101,7 +117,13 @@ fn default_initializer_range() -> f64 {
     0.02
 }
 
-const SUPPORTED_ARCHITECTURES: [&str; 2] = ["LlamaForCausalLM", "MistralForCausalLM"];
+/// The HF classes padfree computes exactly, and their `model_type`s.
+const FAMILIES: [(&str, &str); 4] = [
+    ("LlamaForCausalLM", "llama"),
+    ("MistralForCausalLM", "mistral"),
+    ("Qwen2ForCausalLM", "qwen2"),
+    ("Qwen3ForCausalLM", "qwen3"),
+];
 
 impl LlamaConfig {
     /// 2 layers, width 64, 4 query heads over 2 key/value heads, vocabulary
@@ -162,6 +184,8 @@ impl LlamaConfig {
             initializer_range: 0.02,
             bos_token_id: None,
             eos_token_id: None,
+            qkv_bias: false,
+            qk_norm: false,
         }
     }
 
@@ -187,15 +211,17 @@ impl LlamaConfig {
     }
 
     fn from_hf(hf: HfConfig) -> Result<Self, ModelError> {
-        check_architecture(hf.architectures.as_deref())?;
-        if hf.attention_bias || hf.mlp_bias {
+        let model_type = family(&hf)?;
+        if hf.attention_bias {
             return Err(unsupported(
-                if hf.attention_bias {
-                    "attention_bias"
-                } else {
-                    "mlp_bias"
-                },
-                "is true; Llama-family models without biases are supported",
+                "attention_bias",
+                "is true (a bias on the output projection too); only Qwen2's query/key/value biases are supported",
+            ));
+        }
+        if hf.mlp_bias {
+            return Err(unsupported(
+                "mlp_bias",
+                "is true; Llama-family MLPs without biases are supported",
             ));
         }
         if let Some(act) = hf.hidden_act.as_deref().filter(|act| *act != "silu") {
@@ -206,22 +232,34 @@ impl LlamaConfig {
         }
         let rope_theta = rope_theta(&hf)?;
         let heads = hf.num_attention_heads;
+        let qwen = model_type.starts_with("qwen");
+        // Qwen3Config's default head size is 128 whatever the width.
+        let head_dim = hf.head_dim.unwrap_or(if model_type == "qwen3" {
+            128
+        } else {
+            hf.hidden_size.checked_div(heads).unwrap_or(0)
+        });
+        let sliding_window = if qwen {
+            qwen_sliding_window(&hf)
+        } else {
+            hf.sliding_window
+        };
         let config = Self {
-            model_type: hf.model_type.unwrap_or_else(|| "llama".to_owned()),
+            qkv_bias: model_type == "qwen2",
+            qk_norm: model_type == "qwen3",
+            model_type,
             vocab_size: hf.vocab_size,
             hidden_size: hf.hidden_size,
             intermediate_size: hf.intermediate_size,
             num_hidden_layers: hf.num_hidden_layers,
             num_attention_heads: heads,
             num_key_value_heads: hf.num_key_value_heads.unwrap_or(heads),
-            head_dim: hf
-                .head_dim
-                .unwrap_or(hf.hidden_size.checked_div(heads).unwrap_or(0)),
+            head_dim,
             rms_norm_eps: hf.rms_norm_eps,
             rope_theta,
             tie_word_embeddings: hf.tie_word_embeddings,
             max_position_embeddings: hf.max_position_embeddings,
-            sliding_window: hf.sliding_window,
+            sliding_window,
             initializer_range: hf.initializer_range,
             bos_token_id: hf.bos_token_id,
             eos_token_id: hf.eos_token_id,
@@ -290,12 +328,12 @@ impl LlamaConfig {
 
     /// The Hugging Face `config.json` of this model.
     pub fn to_hf_json(&self) -> serde_json::Value {
-        let architecture = if self.model_type == "mistral" {
-            "MistralForCausalLM"
-        } else {
-            "LlamaForCausalLM"
-        };
-        serde_json::json!({
+        let architecture = FAMILIES
+            .iter()
+            .find(|(_, model_type)| *model_type == self.model_type)
+            .map_or("LlamaForCausalLM", |(class, _)| class);
+        let qwen = self.model_type.starts_with("qwen");
+        let mut json = serde_json::json!({
             "architectures": [architecture],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
@@ -318,25 +356,63 @@ impl LlamaConfig {
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
             "torch_dtype": "float32",
-        })
+        });
+        if qwen {
+            // Qwen's configs say whether the window is used; padfree refuses
+            // any batch it would change, so it is used when there is one.
+            json["use_sliding_window"] = self.sliding_window.is_some().into();
+            json["max_window_layers"] = 0.into();
+            json["layer_types"] = serde_json::Value::Null;
+        }
+        json
     }
 }
 
-fn check_architecture(architectures: Option<&[String]>) -> Result<(), ModelError> {
-    match architectures {
-        None => Ok(()),
-        Some(names)
-            if names
+/// The family's `model_type`, from `architectures` (or `model_type` when
+/// there is none); anything else is refused by name.
+fn family(hf: &HfConfig) -> Result<String, ModelError> {
+    let classes: Vec<&str> = FAMILIES.iter().map(|(class, _)| *class).collect();
+    match hf.architectures.as_deref() {
+        Some(names) => names
+            .iter()
+            .find_map(|name| FAMILIES.iter().find(|(class, _)| class == name))
+            .map(|(_, model_type)| (*model_type).to_owned())
+            .ok_or_else(|| {
+                unsupported(
+                    "architectures",
+                    &format!("is {names:?}; supported: {classes:?}"),
+                )
+            }),
+        None => {
+            let model_type = hf.model_type.as_deref().unwrap_or("llama");
+            FAMILIES
                 .iter()
-                .any(|name| SUPPORTED_ARCHITECTURES.contains(&name.as_str())) =>
-        {
-            Ok(())
+                .find(|(_, known)| *known == model_type)
+                .map(|(_, known)| (*known).to_owned())
+                .ok_or_else(|| {
+                    unsupported(
+                        "model_type",
+                        &format!("is `{model_type}`; supported: {classes:?}"),
+                    )
+                })
         }
-        Some(names) => Err(unsupported(
-            "architectures",
-            &format!("is {names:?}; supported: {SUPPORTED_ARCHITECTURES:?}"),
-        )),
     }
+}
+
+/// The window of a Qwen2/Qwen3 config when some layer uses it: transformers
+/// ignores `sliding_window` unless `use_sliding_window`, and then applies it
+/// to the layers `layer_types` marks `sliding_attention` (or, in older
+/// configs, to layers from `max_window_layers` on). A window on any layer
+/// becomes the model's; `LlamaModel` refuses a batch with a longer example,
+/// the only case where sliding and full attention differ.
+fn qwen_sliding_window(hf: &HfConfig) -> Option<usize> {
+    let window = hf.sliding_window.filter(|_| hf.use_sliding_window)?;
+    let any_layer_slides = match (&hf.layer_types, hf.max_window_layers) {
+        (Some(types), _) => types.iter().any(|t| t == "sliding_attention"),
+        (None, Some(from)) => from < hf.num_hidden_layers,
+        (None, None) => true,
+    };
+    any_layer_slides.then_some(window)
 }
 
 /// `rope_theta` from either layout, refusing any scaling kind: a scaled
@@ -373,7 +449,7 @@ fn unsupported(field: &'static str, message: &str) -> ModelError {
     ModelError::Config {
         field,
         message: message.to_owned(),
-        hint: "this model uses a feature padfree does not implement; pick a plain Llama, Mistral or SmolLM2 checkpoint",
+        hint: "this model uses a feature padfree does not implement; pick a Llama, Mistral, SmolLM2, Qwen2 or Qwen3 checkpoint",
     }
 }
 
@@ -456,6 +532,76 @@ mod tests {
                 other => panic!("{patch}: expected a config error, got {other:?}"),
             }
         }
+    }
+
+    const QWEN2_5_0_5B: &str = r#"{
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": true,
+        "max_position_embeddings": 32768, "sliding_window": 32768,
+        "use_sliding_window": false, "max_window_layers": 21, "hidden_act": "silu",
+        "bos_token_id": 151643, "eos_token_id": 151643, "torch_dtype": "bfloat16"
+    }"#;
+
+    const QWEN3_0_6B: &str = r#"{
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+        "rope_scaling": null, "tie_word_embeddings": true, "attention_bias": false,
+        "max_position_embeddings": 40960, "sliding_window": null,
+        "use_sliding_window": false, "max_window_layers": 28, "hidden_act": "silu",
+        "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"
+    }"#;
+
+    #[test]
+    fn reads_real_qwen_configs() {
+        let qwen2 = LlamaConfig::from_hf_json(QWEN2_5_0_5B).expect("valid config");
+        assert!(qwen2.qkv_bias && !qwen2.qk_norm);
+        assert_eq!(qwen2.head_dim, 64);
+        // The window is off: transformers ignores `sliding_window` then.
+        assert_eq!(qwen2.sliding_window, None);
+        // Qwen2.5-0.5B has 494M parameters (tied head).
+        assert_eq!(qwen2.num_parameters(), 494_032_768);
+        let qwen3 = LlamaConfig::from_hf_json(QWEN3_0_6B).expect("valid config");
+        assert!(qwen3.qk_norm && !qwen3.qkv_bias);
+        // Qwen3's heads are wider than hidden / heads.
+        assert_eq!(qwen3.head_dim, 128);
+        // Qwen3-0.6B has 596M parameters (tied head).
+        assert_eq!(qwen3.num_parameters(), 596_049_920);
+        for config in [qwen2, qwen3] {
+            let back = LlamaConfig::from_hf_json(&config.to_hf_json().to_string()).expect("valid");
+            assert_eq!(back, config);
+        }
+    }
+
+    #[test]
+    fn a_qwen_sliding_window_counts_only_when_a_layer_uses_it() {
+        let with = |patch: &str| {
+            let mut config: serde_json::Value =
+                serde_json::from_str(QWEN2_5_0_5B).expect("valid json");
+            let patch: serde_json::Value = serde_json::from_str(patch).expect("valid patch");
+            for (key, value) in patch.as_object().expect("an object") {
+                config[key] = value.clone();
+            }
+            LlamaConfig::from_hf_json(&config.to_string())
+                .expect("valid")
+                .sliding_window
+        };
+        assert_eq!(with(r#"{"use_sliding_window": true}"#), Some(32768));
+        assert_eq!(
+            with(r#"{"use_sliding_window": true, "max_window_layers": 24}"#),
+            None
+        );
+        assert_eq!(
+            with(r#"{"use_sliding_window": true, "layer_types": ["full_attention"]}"#),
+            None
+        );
+        assert_eq!(
+            with(r#"{"use_sliding_window": true, "layer_types": ["sliding_attention"]}"#),
+            Some(32768)
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub enum ModelError {
     },
     /// `config.json` is not valid JSON or lacks a field.
     #[error(
-        "{path}: {message}\nHINT: config.json must be a Hugging Face LlamaForCausalLM or MistralForCausalLM config"
+        "{path}: {message}\nHINT: config.json must be a Hugging Face LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM config"
     )]
     ConfigParse {
         /// The file.

@@ -1,6 +1,6 @@
 //! # padfree-model
 //!
-//! A Llama-family decoder (Llama, Mistral, SmolLM2) on burn, whose attention
+//! A Llama-family decoder (Llama, Mistral, SmolLM2, Qwen2, Qwen3) on burn, whose attention
 //! keeps every example of a flattened batch to itself.
 //!
 //! The model takes a batch from `padfree-pack` as a [`ModelInput`]: the
@@ -19,6 +19,8 @@
 //! - [`weights`]: the parameter table (HF name, shape, GGUF name), safetensors
 //!   in and out, [`gguf`] in (with its tokenizer).
 //! - [`tensor`]: the thin wrapper over burn's tensor API.
+//! - [`check`]: the packing check of `padfree check` (padding-free vs padded
+//!   vs one at a time on real batches, a perturbation, a per-layer trace).
 //! - [`flops`]: model FLOPs of a training step and the machine's peak (MFU).
 //!
 //! Modules depend one way: `tensor` <- `kernels` <- `layers` <- `model`;
@@ -29,6 +31,7 @@
 //! the model runs on (`T` or `B * L`), `C` hidden size, `H` query heads, `Hkv`
 //! key/value heads, `D` head size, `V` vocabulary, `I` MLP width.
 
+pub mod check;
 mod config;
 mod error;
 pub mod flops;

@@ -20,7 +20,9 @@ use crate::tensor::{
 use crate::weights::gguf::GgufFile;
 use crate::weights::gguf::llama as gguf_llama;
 use crate::weights::safetensors::{WeightFiles, write_hf_dir};
-use crate::weights::table::{Init, LAYER_TENSORS, Param, ParamSpec, index, param_specs};
+use crate::weights::table::{
+    Init, LayerTensor, Param, ParamSpec, index, layer_tensors, param_specs,
+};
 
 /// A Llama-family causal language model (`LlamaForCausalLM`).
 #[derive(Debug, Clone)]
@@ -30,6 +32,8 @@ pub struct LlamaModel {
     /// Every parameter in the order of `weights::table::param_specs`; the
     /// layers borrow theirs for each forward pass.
     params: Vec<Param>,
+    /// The tensors of each decoder layer's block of `params`, in order.
+    layer_tensors: Vec<LayerTensor>,
     attention_kernel: AttentionKernel,
 }
 
@@ -42,6 +46,7 @@ impl LlamaModel {
         Self::build(config, device, |spec| {
             Ok(match spec.init {
                 Init::Ones => vec![1.0; spec.numel()],
+                Init::Zeros => vec![0.0; spec.numel()],
                 Init::Normal => (0..spec.numel())
                     .map(|_| std * rng.standard_normal() as f32)
                     .collect(),
@@ -113,6 +118,7 @@ impl LlamaModel {
             config: config.clone(),
             device: device.clone(),
             params,
+            layer_tensors: layer_tensors(config),
             attention_kernel: AttentionKernel::default(),
         })
     }
@@ -151,17 +157,17 @@ impl LlamaModel {
 
     /// Decoder layer `layer`, borrowing its block of parameters.
     fn layer(&self, layer: usize) -> Result<DecoderLayer<'_>, ModelError> {
-        let start = index::layer_start(layer);
-        let block: &[Param; LAYER_TENSORS] = self
-            .params
-            .get(start..start + LAYER_TENSORS)
-            .and_then(|block| block.try_into().ok())
-            .ok_or_else(|| ModelError::Config {
-                field: "num_hidden_layers",
-                message: format!("layer {layer} has no full block of parameters"),
-                hint: "this is a bug in padfree; please report it",
-            })?;
-        Ok(DecoderLayer::new(block, &self.config))
+        let per_layer = self.layer_tensors.len();
+        let start = index::layer_start(layer, per_layer);
+        let block =
+            self.params
+                .get(start..start + per_layer)
+                .ok_or_else(|| ModelError::Config {
+                    field: "num_hidden_layers",
+                    message: format!("layer {layer} has no full block of parameters"),
+                    hint: "this is a bug in padfree; please report it",
+                })?;
+        Ok(DecoderLayer::new(block, &self.layer_tensors, &self.config))
     }
 
     /// Logits of every row of the batch, `[N, V]` with `N = T` (flattened) or
@@ -194,13 +200,35 @@ impl LlamaModel {
         let index = if self.config.tie_word_embeddings {
             index::EMBEDDING
         } else {
-            index::lm_head(layers)
+            index::lm_head(layers, self.layer_tensors.len())
         };
         &self.params[index]
     }
 
     /// The final-norm output of every row, `[N, C]`.
     pub fn hidden_states(&self, input: &ModelInput<'_>) -> Result<Tensor<2>, ModelError> {
+        self.run(input, |_| {})
+    }
+
+    /// Every row's state at each depth, `num_hidden_layers + 2` tensors of
+    /// `[N, C]`: the embedding, the output of each decoder layer, and the
+    /// final norm (HF `output_hidden_states` gives the first `L + 1` of these
+    /// with its last entry already normed). For tracing where two ways of
+    /// computing a batch part.
+    pub fn layer_states(&self, input: &ModelInput<'_>) -> Result<Vec<Tensor<2>>, ModelError> {
+        let mut states = Vec::with_capacity(self.config.num_hidden_layers + 2);
+        let last = self.run(input, |state| states.push(state))?;
+        states.push(last);
+        Ok(states)
+    }
+
+    /// The forward pass to the final norm, handing `visit` the embedding and
+    /// each decoder layer's output on the way.
+    fn run(
+        &self,
+        input: &ModelInput<'_>,
+        mut visit: impl FnMut(Tensor<2>),
+    ) -> Result<Tensor<2>, ModelError> {
         self.check_input(input)?;
         let rope = Rope::new(
             input.rows().position_ids(),
@@ -251,12 +279,14 @@ impl LlamaModel {
         };
         let mut x = Embedding::new(&self.params[index::EMBEDDING])
             .forward(int_tensor(input.input_ids(), &self.device));
+        visit(x.clone());
         for layer in 0..self.config.num_hidden_layers {
             x = self.layer(layer)?.forward(x, &rope, &layout)?;
+            visit(x.clone());
         }
         let layers = self.config.num_hidden_layers;
         RmsNorm::new(
-            &self.params[index::final_norm(layers)],
+            &self.params[index::final_norm(layers, self.layer_tensors.len())],
             self.config.rms_norm_eps,
         )
         .forward(x)

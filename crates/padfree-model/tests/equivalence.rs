@@ -126,7 +126,15 @@ fn logits_of_one_example_do_not_depend_on_its_neighbours() {
 /// gradient. Not so when every loss token sits at position 0 (examples of two
 /// tokens): attention over a single key has zero gradient for q and k.
 fn check_loss_and_grads_agree(lengths: &[usize], every_gradient_flows: bool) {
-    let config = LlamaConfig::tiny();
+    check_loss_and_grads_agree_for(&LlamaConfig::tiny(), lengths, every_gradient_flows);
+}
+
+fn check_loss_and_grads_agree_for(
+    config: &LlamaConfig,
+    lengths: &[usize],
+    every_gradient_flows: bool,
+) {
+    let config = config.clone();
     let examples = examples(lengths, config.vocab_size as u32, 17);
     let packed = flatten(&examples).expect("flattens");
     let padded = pad(&examples, 0, Some(4)).expect("pads");
@@ -228,4 +236,21 @@ fn loss_and_gradients_agree_for_two_token_examples() {
 #[test]
 fn loss_and_gradients_agree_for_ragged_examples() {
     check_loss_and_grads_agree(&[9, 1, 4, 13, 2], true);
+}
+
+#[test]
+fn loss_and_gradients_agree_for_qwen2_and_qwen3_layers() {
+    let qwen2 = LlamaConfig {
+        model_type: "qwen2".to_owned(),
+        qkv_bias: true,
+        ..LlamaConfig::tiny()
+    };
+    let qwen3 = LlamaConfig {
+        model_type: "qwen3".to_owned(),
+        qk_norm: true,
+        ..LlamaConfig::tiny()
+    };
+    for config in [qwen2, qwen3] {
+        check_loss_and_grads_agree_for(&config, &[9, 1, 4, 13, 2], true);
+    }
 }

@@ -117,3 +117,13 @@ fn llama_matches_transformers() {
 fn mistral_with_tied_embeddings_matches_transformers() {
     check_against_transformers("mistral-tiny");
 }
+
+#[test]
+fn qwen2_with_qkv_biases_matches_transformers() {
+    check_against_transformers("qwen2-tiny");
+}
+
+#[test]
+fn qwen3_with_per_head_qk_norm_matches_transformers() {
+    check_against_transformers("qwen3-tiny");
+}

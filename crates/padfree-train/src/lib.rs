@@ -16,6 +16,8 @@
 //! - [`comm`]: the [`Communicator`] of data-parallel ranks: one process, or
 //!   threads of one ([`LocalGroup`]); each rank trains on its own
 //!   micro-batches of the shared plan, gradients are summed in rank order.
+//! - [`eval`]: the held-out loss during training ([`EvalSet`]), same
+//!   collator and attention as training, no backward pass.
 //! - [`outputs`]: the run's own files (`metrics.jsonl`, results, loss plot)
 //!   and the output-directory check.
 //!
@@ -26,6 +28,7 @@ pub mod checkpoint;
 pub mod comm;
 mod config;
 mod error;
+pub mod eval;
 mod metrics;
 mod optim;
 pub mod outputs;
@@ -40,6 +43,7 @@ pub use config::{
     TrainConfig, Warmup,
 };
 pub use error::TrainError;
+pub use eval::{EvalResult, EvalSet, EvalStrategy};
 pub use metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 pub use optim::AdamW;
 pub use plan::{PlannedStep, TrainPlan};

@@ -59,6 +59,15 @@ pub struct LogRecord {
     /// mean (1.0 = every rank equally loaded at every step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_imbalance: Option<f64>,
+    /// With an eval set, at an eval step: the held-out loss per label token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    /// `exp(eval_loss)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_perplexity: Option<f64>,
+    /// Seconds the evaluation took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_runtime: Option<f64>,
 }
 
 impl fmt::Display for LogRecord {
@@ -78,6 +87,12 @@ impl fmt::Display for LogRecord {
         }
         if let Some(imbalance) = self.rank_imbalance {
             write!(f, " rank imbalance {imbalance:.3}")?;
+        }
+        if let (Some(loss), Some(perplexity)) = (self.eval_loss, self.eval_perplexity) {
+            write!(
+                f,
+                " {{'eval_loss': {loss:.4}, 'eval_perplexity': {perplexity:.2}}}"
+            )?;
         }
         Ok(())
     }
@@ -110,6 +125,12 @@ pub struct TrainSummary {
     pub peak_memory_bytes: Option<u64>,
     /// Whether training stopped early on request (Ctrl-C).
     pub interrupted: bool,
+    /// The last evaluation's loss, with an eval set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    /// `exp(eval_loss)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_perplexity: Option<f64>,
 }
 
 impl fmt::Display for TrainSummary {
@@ -142,6 +163,10 @@ impl fmt::Display for TrainSummary {
         writeln!(f, "  padded tokens processed  = {}", self.padded_tokens)?;
         writeln!(f, "  train_loss               = {:.4}", self.train_loss)?;
         writeln!(f, "  final step loss          = {:.4}", self.final_loss)?;
+        if let (Some(loss), Some(perplexity)) = (self.eval_loss, self.eval_perplexity) {
+            writeln!(f, "  eval_loss                = {loss:.4}")?;
+            writeln!(f, "  eval_perplexity          = {perplexity:.2}")?;
+        }
         write!(f, "  peak memory (VmHWM)      = {memory}")
     }
 }

@@ -229,11 +229,20 @@ fn loss_plot(state: &TrainerState) -> Result<Vec<u8>, String> {
             .map(|r| (r.step as f64, r.loss))
             .collect(),
     };
-    let title = format!("training loss ({})", state.config.attention.name());
-    padfree_plot::line_chart_png(
-        &title,
-        "optimizer step",
-        "loss (nats/token)",
-        &[steps, logged],
-    )
+    let eval: Vec<(f64, f64)> = state
+        .log_history
+        .iter()
+        .filter_map(|r| Some((r.step as f64, r.eval_loss?)))
+        .collect();
+    let mut series = vec![steps, logged];
+    let title = if eval.is_empty() {
+        format!("training loss ({})", state.config.attention.name())
+    } else {
+        series.push(padfree_plot::Series {
+            label: "eval loss".into(),
+            points: eval,
+        });
+        format!("training and eval loss ({})", state.config.attention.name())
+    };
+    padfree_plot::line_chart_png(&title, "optimizer step", "loss (nats/token)", &series)
 }

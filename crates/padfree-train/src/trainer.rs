@@ -3,14 +3,15 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use padfree_model::LlamaModel;
 use padfree_model::tensor::{IntoHostVec, backward, float_tensor, grad, trainable};
-use padfree_model::{LlamaModel, ModelInput};
-use padfree_pack::{Example, flatten, pad};
+use padfree_pack::Example;
 
 use crate::checkpoint::{self, Snapshot};
 use crate::comm::{Communicator, SingleProcess};
-use crate::config::{AttentionMode, Batching, SaveStrategy, TrainConfig, Warmup};
+use crate::config::{Batching, SaveStrategy, TrainConfig, Warmup};
 use crate::error::TrainError;
+use crate::eval::{Collated, EvalResult, EvalSet, EvalStrategy, evaluate};
 use crate::metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 use crate::optim::AdamW;
 use crate::outputs;
@@ -52,6 +53,7 @@ pub struct Trainer {
     step_losses: Vec<f64>,
     real_tokens_seen: usize,
     last_checkpoint: Option<PathBuf>,
+    eval: Option<EvalSet>,
     comm: Box<dyn Communicator>,
 }
 
@@ -183,6 +185,7 @@ impl Trainer {
             step_losses: Vec::new(),
             real_tokens_seen: 0,
             last_checkpoint: None,
+            eval: None,
             comm,
         })
     }
@@ -231,6 +234,40 @@ impl Trainer {
         trainer.apply_state(saved);
         trainer.last_checkpoint = Some(checkpoint_dir.to_owned());
         Ok(trainer)
+    }
+
+    /// Evaluates on `eval` as its strategy says (HF `eval_strategy`): the
+    /// result joins the log line of that step, `metrics.jsonl`, the summary
+    /// and the loss plot.
+    pub fn with_eval(mut self, eval: EvalSet) -> Result<Self, TrainError> {
+        eval.validate()?;
+        self.eval = Some(eval);
+        Ok(self)
+    }
+
+    /// The eval loss of the model as it stands now, `None` without an eval set.
+    pub fn evaluate(&self) -> Result<Option<EvalResult>, TrainError> {
+        self.eval
+            .as_ref()
+            .map(|eval| {
+                evaluate(
+                    &self.model,
+                    &eval.examples,
+                    eval.batch_size,
+                    self.config.attention,
+                    self.comm.as_ref(),
+                )
+            })
+            .transpose()
+    }
+
+    /// Whether an evaluation follows step `step` (1-based).
+    fn evaluates_after(&self, step: usize) -> bool {
+        match self.eval.as_ref().map(|eval| eval.strategy) {
+            None => false,
+            Some(EvalStrategy::Steps(every)) => step.is_multiple_of(every),
+            Some(EvalStrategy::Epoch) => self.plan.steps()[step - 1].ends_epoch(),
+        }
     }
 
     /// The model, with the weights of the last step.
@@ -306,10 +343,22 @@ impl Trainer {
             interval.add(&metrics);
             observer.on_step(&metrics, self.plan.len());
             let last = self.global_step == self.plan.len();
-            if self.global_step.is_multiple_of(self.config.logging_steps) || last {
+            let eval = if self.evaluates_after(metrics.step) {
+                self.evaluate()?
+            } else {
+                None
+            };
+            // An evaluation gets its log line even off the logging steps.
+            if self.global_step.is_multiple_of(self.config.logging_steps) || last || eval.is_some()
+            {
                 let since = self.log_history.last().map_or(0, |r| r.step);
-                let record =
+                let mut record =
                     interval.record(&metrics, &self.step_losses[since..], self.real_tokens_seen);
+                if let Some(eval) = eval {
+                    record.eval_loss = Some(eval.loss);
+                    record.eval_perplexity = Some(eval.perplexity());
+                    record.eval_runtime = Some(eval.seconds);
+                }
                 if self.writes_outputs() {
                     outputs::append_metrics(&self.output_dir, &record)?;
                 }
@@ -342,6 +391,13 @@ impl Trainer {
             global_step: self.global_step,
             peak_memory_bytes: peak_memory_bytes(),
             interrupted,
+            // The last evaluation, before a resume too.
+            eval_loss: self.log_history.iter().rev().find_map(|r| r.eval_loss),
+            eval_perplexity: self
+                .log_history
+                .iter()
+                .rev()
+                .find_map(|r| r.eval_perplexity),
         };
         if !interrupted && self.writes_outputs() {
             checkpoint::write_model_files(&self.model, &self.artifacts, &self.output_dir)?;
@@ -550,23 +606,8 @@ impl Trainer {
         window_label_tokens: usize,
         grads: &mut [Vec<f32>],
     ) -> Result<Pass, TrainError> {
-        let packed;
-        let padded;
-        let input = match self.config.attention {
-            AttentionMode::Varlen => {
-                packed = flatten(batch)?;
-                ModelInput::Varlen(&packed)
-            }
-            AttentionMode::VarlenPerLayer => {
-                packed = flatten(batch)?;
-                ModelInput::VarlenPerLayer(&packed)
-            }
-            AttentionMode::Padded => {
-                // The pad id is never attended to nor learned; any id will do.
-                padded = pad(batch, 0, None)?;
-                ModelInput::Padded(&padded)
-            }
-        };
+        let collated = Collated::new(batch, self.config.attention)?;
+        let input = collated.input();
         let fed_tokens = input.input_ids().len();
         let loss = self.model.loss_sum(&input)?;
         let loss_sum = loss
@@ -669,6 +710,9 @@ impl Interval {
                 let mean = self.real_tokens as f64 / self.world_size as f64;
                 self.busiest_rank_tokens as f64 / mean.max(1e-9)
             }),
+            eval_loss: None,
+            eval_perplexity: None,
+            eval_runtime: None,
         }
     }
 }

@@ -321,6 +321,8 @@ impl BenchJob {
             overlong: Overlong::Truncate,
             gradient_checkpointing: false,
             multipack_examples_per_bin: mode.multipack.then_some(batch),
+            verify_packing: None,
+            eval: None,
             train,
         })
     }

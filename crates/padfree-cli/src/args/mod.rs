@@ -4,6 +4,7 @@
 //! `hiargs`). Nothing past `validate` sees a raw flag.
 
 mod bench;
+mod check;
 mod lengths;
 mod pack;
 mod train;
@@ -11,6 +12,7 @@ mod train;
 use clap::{Parser, Subcommand};
 
 pub use bench::{BenchArgs, BenchJob, BenchMode, Peer};
+pub use check::{CheckArgs, CheckJob};
 pub use pack::{PackArgs, PackJob};
 pub use train::{ModelSource, TrainArgs, TrainJob, is_gguf};
 
@@ -40,4 +42,10 @@ pub enum Command {
     /// padding-free with per-layer metadata, padding-free with the collator's)
     /// and report the table: runtime, real/fed tokens/s, memory, loss.
     Bench(Box<BenchArgs>),
+    /// Prove on your own model and data that padding-free computes what
+    /// padded and one-example-at-a-time batches compute: logits, loss and
+    /// every gradient of the run's first batches, and a perturbation that
+    /// must move no other example. Takes `padfree train`'s flags.
+    #[command(allow_negative_numbers = true)]
+    Check(Box<CheckArgs>),
 }

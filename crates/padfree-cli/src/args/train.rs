@@ -7,8 +7,8 @@ use anyhow::bail;
 use clap::ValueEnum;
 use padfree_data::{FieldNames, Overlong};
 use padfree_train::{
-    AttentionMode, BalanceBy, Batching, Multipack, Packer, SaveStrategy, SchedulerKind,
-    TrainConfig, Warmup,
+    AttentionMode, BalanceBy, Batching, EvalStrategy, Multipack, Packer, SaveStrategy,
+    SchedulerKind, TrainConfig, Warmup,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -32,6 +32,13 @@ pub enum SchedulerArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SaveStrategyArg {
+    No,
+    Steps,
+    Epoch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EvalStrategyArg {
     No,
     Steps,
     Epoch,
@@ -169,6 +176,27 @@ pub struct TrainArgs {
     pub save_strategy: SaveStrategyArg,
     #[arg(long, default_value_t = 500)]
     pub save_steps: usize,
+    /// Held-out data (same format and fields as --data) for the eval loss
+    /// during training [built-in demo run: the shipped eval split].
+    #[arg(long)]
+    pub eval_data: Option<PathBuf>,
+    /// When to evaluate [default: steps with --eval-data, else no].
+    #[arg(long, value_enum)]
+    pub eval_strategy: Option<EvalStrategyArg>,
+    /// Evaluate every N steps (with --eval-strategy steps) [default:
+    /// --logging-steps; 25 for the built-in demo run].
+    #[arg(long)]
+    pub eval_steps: Option<usize>,
+    /// Examples per eval batch.
+    #[arg(long, default_value_t = 8)]
+    pub per_device_eval_batch_size: usize,
+    /// Before training, run `padfree check` on the first micro-batches: stop
+    /// if padding-free and padded or one-at-a-time results differ.
+    #[arg(long)]
+    pub verify_packing: bool,
+    /// Micro-batches --verify-packing checks.
+    #[arg(long, default_value_t = 1, requires = "verify_packing")]
+    pub verify_packing_batches: usize,
 }
 
 /// Where the model's weights come from.
@@ -206,6 +234,15 @@ impl ModelSource {
     }
 }
 
+/// Evaluation during training, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalJob {
+    /// `None`: the shipped eval split (the built-in demo).
+    pub data: Option<PathBuf>,
+    pub strategy: EvalStrategy,
+    pub batch_size: usize,
+}
+
 /// A validated `padfree train` invocation.
 #[derive(Debug, Clone)]
 pub struct TrainJob {
@@ -232,6 +269,11 @@ pub struct TrainJob {
     /// Multipack without --max-tokens-per-batch: bins hold this many
     /// examples of mean length; set from the data by `resolve_capacity`.
     pub multipack_examples_per_bin: Option<usize>,
+    /// --verify-packing: check this many micro-batches before training.
+    pub verify_packing: Option<usize>,
+    /// Evaluation: where the held-out data is (`None`: the shipped eval
+    /// split, for the demo), when, and in batches of how many.
+    pub eval: Option<EvalJob>,
     pub train: TrainConfig,
 }
 
@@ -342,6 +384,34 @@ impl TrainArgs {
             },
         };
         train.validate()?;
+        let eval_strategy = match (self.eval_strategy, &self.eval_data, embedded_default) {
+            (Some(EvalStrategyArg::No), _, _) => None,
+            (None, None, false) => None,
+            (Some(EvalStrategyArg::Epoch), _, _) => Some(EvalStrategy::Epoch),
+            (Some(EvalStrategyArg::Steps) | None, _, _) => {
+                // The demo's 200 held-out problems cost about a tenth of
+                // its run at every 25th step.
+                let default = if embedded_default {
+                    25
+                } else {
+                    train.logging_steps
+                };
+                Some(EvalStrategy::Steps(self.eval_steps.unwrap_or(default)))
+            }
+        };
+        if eval_strategy.is_some() && self.eval_data.is_none() && !embedded_default {
+            bail!(
+                "--eval-strategy needs held-out data\nHINT: give --eval-data FILE (the same format as --data)"
+            );
+        }
+        if self.eval_steps == Some(0) || self.per_device_eval_batch_size == 0 {
+            bail!("--eval-steps and --per-device-eval-batch-size must be at least 1");
+        }
+        let eval = eval_strategy.map(|strategy| EvalJob {
+            data: self.eval_data.clone(),
+            strategy,
+            batch_size: self.per_device_eval_batch_size,
+        });
         Ok(TrainJob {
             embedded_default,
             model_given: self.model.is_some() || self.config.is_some(),
@@ -369,6 +439,10 @@ impl TrainArgs {
             },
             gradient_checkpointing: self.gradient_checkpointing,
             multipack_examples_per_bin,
+            verify_packing: self
+                .verify_packing
+                .then_some(self.verify_packing_batches.max(1)),
+            eval,
             train,
         })
     }

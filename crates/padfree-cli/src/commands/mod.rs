@@ -1,5 +1,6 @@
 //! What each command does, given its validated job (`crate::args`).
 
 pub mod bench;
+pub mod check;
 pub mod pack;
 pub mod train;

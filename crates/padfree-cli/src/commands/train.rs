@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
     Record, TextTokenizer, TokenizeConfig, read_records, read_records_from_str, tokenize_records,
 };
+use padfree_model::check::Fault;
 use padfree_model::gguf::GgufFile;
 use padfree_model::tensor::{cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
@@ -18,7 +19,9 @@ use padfree_train::outputs::{
     LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, check_free_space, check_output_dir_outside,
     lock_output_dir, prepare_output_dir,
 };
-use padfree_train::{Batching, LogRecord, Observer, StepMetrics, TrainConfig, Trainer};
+use padfree_train::{
+    Batching, EvalSet, EvalStrategy, LogRecord, Observer, StepMetrics, TrainConfig, Trainer,
+};
 
 use crate::args::{ModelSource, TrainJob, is_gguf};
 
@@ -33,6 +36,8 @@ macro_rules! say {
 
 const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
 const EMBEDDED_DATA: &str = include_str!("../../../../data/gsm-symbolic/train.jsonl");
+const EMBEDDED_EVAL_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/eval.jsonl";
+const EMBEDDED_EVAL_DATA: &str = include_str!("../../../../data/gsm-symbolic/eval.jsonl");
 const EMBEDDED_TOKENIZER: &[u8] = include_bytes!("../../../../data/gsm-symbolic/tokenizer.json");
 const EMBEDDED_TOKENIZER_CONFIG: &str =
     include_str!("../../../../data/gsm-symbolic/tokenizer_config.json");
@@ -114,6 +119,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         model,
         tokenizer,
         dataset,
+        eval_dataset,
     } = load(job)?;
 
     let resuming = job.resume_from_checkpoint.is_some();
@@ -141,6 +147,12 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     let lengths: Vec<usize> = dataset.examples.iter().map(|e| e.len()).collect();
     let mut config = job.train_config(&lengths);
     config.world_size = world_size;
+    if let Some(batches) = job.verify_packing {
+        // Every rank checks its own first batches; after a resume, the
+        // first of the run (the check proves the code on this data, not a
+        // step).
+        super::check::verify_packing(&model, &dataset, &config, rank, batches, Fault::None)?;
+    }
     let mut trainer = match &verified {
         Some(dir) => Trainer::resume_on(
             comm,
@@ -160,6 +172,22 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             artifacts,
         )?,
     };
+    if let (Some(eval), Some(eval_dataset)) = (&job.eval, eval_dataset) {
+        say!(
+            "evaluation: {} examples in batches of {}, {}",
+            eval_dataset.examples.len(),
+            eval.batch_size,
+            match eval.strategy {
+                EvalStrategy::Steps(every) => format!("every {every} steps"),
+                EvalStrategy::Epoch => "at the end of every epoch".to_owned(),
+            }
+        );
+        trainer = trainer.with_eval(EvalSet {
+            examples: eval_dataset.examples,
+            strategy: eval.strategy,
+            batch_size: eval.batch_size,
+        })?;
+    }
     if rank == 0 {
         check_free_space(&job.output_dir, trainer.bytes_to_write())?;
     }
@@ -209,6 +237,8 @@ pub struct Loaded {
     pub model: LlamaModel,
     pub tokenizer: Option<TextTokenizer>,
     pub dataset: padfree_data::TokenizedDataset,
+    /// The held-out set, with an eval strategy.
+    pub eval_dataset: Option<padfree_data::TokenizedDataset>,
 }
 
 /// Loads the model, tokenizer and data of `job`, printing what was loaded.
@@ -289,10 +319,30 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
     };
     let dataset = tokenize_records(&data_name, &records, tokenizer.as_ref(), &tokenize)?;
     say!("data: {}: {}", data_name.display(), dataset.report);
+    let eval_dataset = match &job.eval {
+        Some(eval) => {
+            let (name, records) = match &eval.data {
+                Some(path) => (path.clone(), read_records(path, &job.fields)?),
+                None => (
+                    PathBuf::from(EMBEDDED_EVAL_DATA_NAME),
+                    read_records_from_str(
+                        Path::new(EMBEDDED_EVAL_DATA_NAME),
+                        EMBEDDED_EVAL_DATA,
+                        &job.fields,
+                    )?,
+                ),
+            };
+            let eval_dataset = tokenize_records(&name, &records, tokenizer.as_ref(), &tokenize)?;
+            say!("eval data: {}: {}", name.display(), eval_dataset.report);
+            Some(eval_dataset)
+        }
+        None => None,
+    };
     Ok(Loaded {
         model,
         tokenizer,
         dataset,
+        eval_dataset,
     })
 }
 

@@ -1,5 +1,6 @@
 use padfree_pack::BatchMeta;
 
+use super::norm::RmsNorm;
 use super::rope::Rope;
 use crate::error::ModelError;
 use crate::kernels::{
@@ -86,6 +87,16 @@ pub struct Attention<'a> {
     pub(crate) v_proj: &'a Param,
     /// `[C, H * D]`.
     pub(crate) o_proj: &'a Param,
+    /// `[1, H * D]`, Qwen2's query bias.
+    pub(crate) q_bias: Option<&'a Param>,
+    /// `[1, Hkv * D]`, Qwen2's key bias.
+    pub(crate) k_bias: Option<&'a Param>,
+    /// `[1, Hkv * D]`, Qwen2's value bias.
+    pub(crate) v_bias: Option<&'a Param>,
+    /// Qwen3's RMSNorm over each query head, `[1, D]`, before the rotation.
+    pub(crate) q_norm: Option<RmsNorm<'a>>,
+    /// Qwen3's RMSNorm over each key head, `[1, D]`.
+    pub(crate) k_norm: Option<RmsNorm<'a>>,
     pub(crate) num_heads: usize,
     pub(crate) num_kv_heads: usize,
     pub(crate) head_dim: usize,
@@ -101,9 +112,11 @@ impl Attention<'_> {
     ) -> Result<Tensor<2>, ModelError> {
         let n = x.dims()[0];
         let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = rope.apply(linear(x.clone(), &self.q_proj.value).reshape([n, h, d]));
-        let k = rope.apply(linear(x.clone(), &self.k_proj.value).reshape([n, hkv, d]));
-        let v = linear(x, &self.v_proj.value).reshape([n, hkv, d]);
+        let q = project(x.clone(), self.q_proj, self.q_bias);
+        let k = project(x.clone(), self.k_proj, self.k_bias);
+        let v = project(x, self.v_proj, self.v_bias).reshape([n, hkv, d]);
+        let q = rope.apply(per_head_norm(q, h, d, self.q_norm.as_ref())?);
+        let k = rope.apply(per_head_norm(k, hkv, d, self.k_norm.as_ref())?);
         let context = match layout {
             AttentionLayout::Varlen {
                 meta,
@@ -174,4 +187,30 @@ impl Attention<'_> {
         let rows = context.dims()[0];
         context.reshape([rows, self.num_heads * self.head_dim])
     }
+}
+
+/// `x @ weight^T (+ bias)`: `[N, C] -> [N, O]`, the bias `[1, O]` broadcast
+/// over the rows.
+fn project(x: Tensor<2>, weight: &Param, bias: Option<&Param>) -> Tensor<2> {
+    let y = linear(x, &weight.value);
+    match bias {
+        Some(bias) => y + bias.value.clone(),
+        None => y,
+    }
+}
+
+/// `[N, heads * D] -> [N, heads, D]`, each head through `norm` when there is one.
+fn per_head_norm(
+    x: Tensor<2>,
+    heads: usize,
+    d: usize,
+    norm: Option<&RmsNorm<'_>>,
+) -> Result<Tensor<3>, ModelError> {
+    let n = x.dims()[0];
+    Ok(match norm {
+        Some(norm) => norm
+            .forward(x.reshape([n * heads, d]))?
+            .reshape([n, heads, d]),
+        None => x.reshape([n, heads, d]),
+    })
 }

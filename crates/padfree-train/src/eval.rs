@@ -1,0 +1,212 @@
+//! Evaluation during training: the held-out loss of the model as it stands,
+//! computed the way training computes it (the same collator and attention
+//! mode), with no backward pass.
+//!
+//! `eval_loss` is the mean cross-entropy per label token over the whole eval
+//! set (summed over batches and ranks, divided once by the total count), so
+//! it does not depend on how the set was cut into batches, nor on padding.
+
+use std::time::Instant;
+
+use padfree_model::tensor::IntoHostVec;
+use padfree_model::{LlamaModel, ModelInput};
+use padfree_pack::{Example, PackedBatch, PaddedBatch, flatten, pad};
+
+use crate::comm::Communicator;
+use crate::config::AttentionMode;
+use crate::error::TrainError;
+
+/// When to evaluate (HF `eval_strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvalStrategy {
+    /// After every `N`th optimizer step.
+    Steps(usize),
+    /// After the last step of every epoch.
+    Epoch,
+}
+
+/// A held-out set and when to evaluate on it.
+#[derive(Debug, Clone)]
+pub struct EvalSet {
+    /// The examples, tokenized as the training set is.
+    pub examples: Vec<Example>,
+    /// When.
+    pub strategy: EvalStrategy,
+    /// Examples per eval batch (HF `per_device_eval_batch_size`).
+    pub batch_size: usize,
+}
+
+impl EvalSet {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if self.examples.is_empty() {
+            return Err(TrainError::Config {
+                flag: "eval-data",
+                message: "holds no example".into(),
+                hint: "give a file with at least one record that keeps a label token",
+            });
+        }
+        if self.batch_size == 0 {
+            return Err(TrainError::Config {
+                flag: "per-device-eval-batch-size",
+                message: "is 0".into(),
+                hint: "give at least 1",
+            });
+        }
+        if self.strategy == EvalStrategy::Steps(0) {
+            return Err(TrainError::Config {
+                flag: "eval-steps",
+                message: "is 0".into(),
+                hint: "give at least 1",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One evaluation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalResult {
+    /// Mean cross-entropy per label token.
+    pub loss: f64,
+    /// Label tokens it was taken over.
+    pub label_tokens: usize,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+impl EvalResult {
+    /// `exp(eval_loss)`.
+    pub fn perplexity(&self) -> f64 {
+        self.loss.exp()
+    }
+}
+
+/// The loss of `model` on `examples` in batches of `batch_size`: with
+/// several ranks, each takes every `W`th batch and the sums are added.
+pub fn evaluate(
+    model: &LlamaModel,
+    examples: &[Example],
+    batch_size: usize,
+    attention: AttentionMode,
+    comm: &dyn Communicator,
+) -> Result<EvalResult, TrainError> {
+    let started = Instant::now();
+    let mut sums = [0.0_f64, 0.0];
+    for batch in examples
+        .chunks(batch_size.max(1))
+        .skip(comm.rank())
+        .step_by(comm.world_size().max(1))
+    {
+        let (loss, tokens) = loss_sum(model, batch, attention)?;
+        sums[0] += loss;
+        sums[1] += tokens as f64;
+    }
+    if comm.world_size() > 1 {
+        comm.all_reduce_sum_f64(&mut sums)?;
+    }
+    let label_tokens = sums[1] as usize;
+    Ok(EvalResult {
+        loss: sums[0] / label_tokens.max(1) as f64,
+        label_tokens,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A micro-batch as the attention mode wants it: flattened by the collator,
+/// or padded. Training and evaluation collate through this one place.
+pub(crate) enum Collated {
+    /// Flattened; with the boundaries derived in every layer when `per_layer`.
+    Packed { batch: PackedBatch, per_layer: bool },
+    /// Padded on the right.
+    Padded(PaddedBatch),
+}
+
+impl Collated {
+    pub(crate) fn new(batch: &[Example], attention: AttentionMode) -> Result<Self, TrainError> {
+        Ok(match attention {
+            AttentionMode::Varlen => Self::Packed {
+                batch: flatten(batch)?,
+                per_layer: false,
+            },
+            AttentionMode::VarlenPerLayer => Self::Packed {
+                batch: flatten(batch)?,
+                per_layer: true,
+            },
+            // The pad id is never attended to nor learned; any id will do.
+            AttentionMode::Padded => Self::Padded(pad(batch, 0, None)?),
+        })
+    }
+
+    pub(crate) fn input(&self) -> ModelInput<'_> {
+        match self {
+            Self::Packed {
+                batch,
+                per_layer: false,
+            } => ModelInput::Varlen(batch),
+            Self::Packed {
+                batch,
+                per_layer: true,
+            } => ModelInput::VarlenPerLayer(batch),
+            Self::Padded(batch) => ModelInput::Padded(batch),
+        }
+    }
+}
+
+/// The summed loss of one batch and its label tokens; the graph is dropped
+/// unused (no backward pass).
+fn loss_sum(
+    model: &LlamaModel,
+    batch: &[Example],
+    attention: AttentionMode,
+) -> Result<(f64, usize), TrainError> {
+    let collated = Collated::new(batch, attention)?;
+    let input = collated.input();
+    let loss = model.loss_sum(&input)?;
+    let value = loss.sum.into_vec().first().copied().unwrap_or(f32::NAN);
+    Ok((f64::from(value), loss.num_tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use padfree_model::LlamaConfig;
+    use padfree_model::tensor::cpu_device;
+    use padfree_pack::synthetic_prompted_examples;
+
+    use super::*;
+    use crate::comm::SingleProcess;
+
+    #[test]
+    fn the_eval_loss_is_the_same_padded_and_padding_free_in_any_batch_size() {
+        let config = LlamaConfig {
+            initializer_range: 0.1,
+            ..LlamaConfig::tiny()
+        };
+        let model = LlamaModel::init(&config, 3, &cpu_device(true)).expect("valid");
+        let examples = synthetic_prompted_examples(&[9, 1, 14, 3, 6, 22, 2], 128, 4, 3);
+        let reference = evaluate(&model, &examples, 3, AttentionMode::Varlen, &SingleProcess)
+            .expect("evaluates");
+        let labels: usize = examples.iter().map(Example::num_loss_tokens).sum();
+        assert_eq!(reference.label_tokens, labels);
+        assert!(
+            reference.loss > 1.0 && reference.loss < 10.0,
+            "{reference:?}"
+        );
+        for (batch, mode) in [
+            (3, AttentionMode::Padded),
+            (1, AttentionMode::Varlen),
+            (7, AttentionMode::Padded),
+            (2, AttentionMode::VarlenPerLayer),
+        ] {
+            let other =
+                evaluate(&model, &examples, batch, mode, &SingleProcess).expect("evaluates");
+            assert_eq!(other.label_tokens, labels);
+            assert!(
+                (other.loss - reference.loss).abs() <= 1e-6 * reference.loss,
+                "{mode:?} in batches of {batch}: {} vs {}",
+                other.loss,
+                reference.loss
+            );
+        }
+    }
+}
