@@ -14,38 +14,16 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_close, host, param_grads};
+use common::{assert_close, fixture_examples, floats, host, ints, param_grads};
 use padfree_model::tensor::{backward, cpu_device};
 use padfree_model::{LlamaModel, ModelInput, causal_lm_loss};
-use padfree_pack::{Example, flatten};
-use safetensors::{Dtype, SafeTensors};
+use padfree_pack::flatten;
+use safetensors::SafeTensors;
 
 fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures/hf")
         .join(name)
-}
-
-fn ints(tensors: &SafeTensors<'_>, name: &str) -> Vec<i64> {
-    let view = tensors
-        .tensor(name)
-        .unwrap_or_else(|_| panic!("fixture lacks {name}"));
-    assert_eq!(view.dtype(), Dtype::I64, "{name}");
-    view.data()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
-        .collect()
-}
-
-fn floats(tensors: &SafeTensors<'_>, name: &str) -> Vec<f32> {
-    let view = tensors
-        .tensor(name)
-        .unwrap_or_else(|_| panic!("fixture lacks {name}"));
-    assert_eq!(view.dtype(), Dtype::F32, "{name}");
-    view.data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-        .collect()
 }
 
 fn check_against_transformers(name: &str) {
@@ -54,16 +32,8 @@ fn check_against_transformers(name: &str) {
     let expected = SafeTensors::deserialize(&bytes).expect("valid fixture");
 
     // Rebuild the examples and flatten them with our collator.
-    let input_ids = ints(&expected, "input_ids");
     let labels = ints(&expected, "labels");
-    let mut examples = Vec::new();
-    let mut start = 0;
-    for len in ints(&expected, "lengths") {
-        let end = start + len as usize;
-        let ids = input_ids[start..end].iter().map(|&id| id as u32).collect();
-        examples.push(Example::new(ids, labels[start..end].to_vec()).expect("valid example"));
-        start = end;
-    }
+    let examples = fixture_examples(&expected, &labels);
     let batch = flatten(&examples).expect("flattens");
     let hf_positions: Vec<u32> = ints(&expected, "position_ids")
         .iter()

@@ -4,6 +4,7 @@
 use padfree_model::tensor::{Gradients, IntoHostVec, Tensor, backward, cpu_device, grad};
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
 use padfree_pack::{Example, synthetic_prompted_examples};
+use safetensors::{Dtype, SafeTensors};
 
 /// Examples of the given lengths with pseudo-random ids below `vocab`, the
 /// first third of each a prompt without labels, so masking is exercised too.
@@ -63,4 +64,43 @@ pub fn assert_close(what: &str, a: &[f32], b: &[f32], atol: f32, rtol: f32) {
 /// Host copy of a tensor.
 pub fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_vec()
+}
+
+/// An i64 tensor of a fixture, by name.
+pub fn ints(tensors: &SafeTensors<'_>, name: &str) -> Vec<i64> {
+    let view = tensors
+        .tensor(name)
+        .unwrap_or_else(|_| panic!("fixture lacks {name}"));
+    assert_eq!(view.dtype(), Dtype::I64, "{name}");
+    view.data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .collect()
+}
+
+/// An f32 tensor of a fixture, by name.
+pub fn floats(tensors: &SafeTensors<'_>, name: &str) -> Vec<f32> {
+    let view = tensors
+        .tensor(name)
+        .unwrap_or_else(|_| panic!("fixture lacks {name}"));
+    assert_eq!(view.dtype(), Dtype::F32, "{name}");
+    view.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .collect()
+}
+
+/// The examples of a fixture: its `input_ids` cut by its `lengths`, with
+/// `labels` (one per token) cut the same way.
+pub fn fixture_examples(tensors: &SafeTensors<'_>, labels: &[i64]) -> Vec<Example> {
+    let input_ids = ints(tensors, "input_ids");
+    let mut examples = Vec::new();
+    let mut start = 0;
+    for len in ints(tensors, "lengths") {
+        let end = start + len as usize;
+        let ids = input_ids[start..end].iter().map(|&id| id as u32).collect();
+        examples.push(Example::new(ids, labels[start..end].to_vec()).expect("valid example"));
+        start = end;
+    }
+    examples
 }
