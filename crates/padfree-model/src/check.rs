@@ -79,8 +79,11 @@ pub struct Comparison {
     pub max_abs: f32,
     /// Scale of the reference (largest magnitude), for the relative figure.
     pub scale: f32,
-    /// The largest difference allowed where `max_abs` was found.
+    /// The largest difference allowed where `max_abs` was found, or with
+    /// `at_least` the smallest required.
     pub bound: f32,
+    /// The difference must exceed `bound` (a change that has to show).
+    pub at_least: bool,
     /// Where the worst difference relative to its bound is: an example or
     /// a parameter.
     pub worst: String,
@@ -96,9 +99,13 @@ impl Comparison {
         }
     }
 
-    /// Whether the difference is within its bound.
+    /// Whether the difference is on the right side of its bound.
     pub fn passed(&self) -> bool {
-        self.max_abs <= self.bound
+        if self.at_least {
+            self.max_abs > self.bound
+        } else {
+            self.max_abs <= self.bound
+        }
     }
 }
 
@@ -237,6 +244,7 @@ pub fn check_batch(
             max_abs: (theirs - flat_loss).abs() as f32,
             scale,
             bound: tolerances.loss_rtol * scale,
+            at_least: false,
             worst: "the batch".to_owned(),
         }
     };
@@ -259,9 +267,10 @@ pub fn check_batch(
             quantity: "perturbing example 0: its own logits move".to_owned(),
             max_abs: moved0,
             scale: scale0,
-            // Passes when the change is above rounding: the perturbation
-            // reached the example, so the rows above mean something.
-            bound: f32::INFINITY,
+            // The change must stand above rounding: the perturbation reached
+            // the example, so the row before it means something.
+            bound: tolerances.logits_rtol * scale0,
+            at_least: true,
             worst: "example 0".to_owned(),
         },
         loss_row("loss (sum): padded vs padding-free", padded_loss),
@@ -269,17 +278,16 @@ pub fn check_batch(
         grad_rows("gradients: padded vs padding-free", &padded_grads),
         grad_rows("gradients: one-at-a-time vs padding-free", &single_grads),
     ];
-    let moved_enough = moved0 > tolerances.logits_rtol * scale0;
     let mismatch = match rows.iter().find(|row| !row.passed()) {
-        Some(row) => Some(trace(model, examples, &flat, row, tolerances, &starts)?),
-        None if !moved_enough => Some(Mismatch {
-            quantity: "perturbing example 0".to_owned(),
-            culprit: "example 0".to_owned(),
+        Some(row) if row.at_least => Some(Mismatch {
+            quantity: row.quantity.clone(),
+            culprit: row.worst.clone(),
             example: Some(0),
             layer: format!(
                 "the output: changing its first token moved its own logits by only {moved0:e}, so the perturbation test says nothing"
             ),
         }),
+        Some(row) => Some(trace(model, examples, &flat, row, tolerances, &starts)?),
         None => None,
     };
     Ok(BatchCheck {
@@ -425,6 +433,7 @@ impl Worst {
                 max_abs: 0.0,
                 scale: 0.0,
                 bound: f32::INFINITY,
+                at_least: false,
                 worst: "-".to_owned(),
             },
             ratio: -1.0,

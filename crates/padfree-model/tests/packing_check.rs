@@ -65,3 +65,23 @@ fn naive_packing_is_caught_at_the_second_example_in_the_first_layer() {
         check.rows[2]
     );
 }
+
+#[test]
+fn a_perturbation_that_moves_nothing_fails_the_check_instead_of_passing_it() {
+    // All matrices zero: every token gives the same logits, so changing
+    // example 0 proves nothing about the others.
+    let config = LlamaConfig {
+        initializer_range: 0.0,
+        ..LlamaConfig::tiny()
+    };
+    let model = trainable_model(&config, 5);
+    let batch = examples(&[5, 7], config.vocab_size as u32, 8);
+    let check = check_batch(&model, &batch, &Tolerances::default(), Fault::None).expect("runs");
+    assert!(!check.rows[3].passed(), "{:?}", check.rows[3]);
+    let mismatch = check.mismatch.expect("a mismatch");
+    assert_eq!(
+        mismatch.quantity,
+        "perturbing example 0: its own logits move"
+    );
+    assert!(mismatch.layer.contains("says nothing"), "{mismatch}");
+}

@@ -105,10 +105,10 @@ fn print_table(number: usize, of: usize, check: &BatchCheck, seconds: f64) {
         "quantity", "max |diff|", "rel", "bound", "worst at"
     );
     for row in &check.rows {
-        let bound = if row.bound.is_finite() {
-            format!("{:.2e}", row.bound)
-        } else {
-            "-".to_owned()
+        let bound = match (row.bound.is_finite(), row.at_least) {
+            (false, _) => "-".to_owned(),
+            (true, false) => format!("{:.2e}", row.bound),
+            (true, true) => format!(">{:.2e}", row.bound),
         };
         println!(
             "  {:<46} {:>10.2e} {:>10.2e} {:>10}  {:<40} {}",
