@@ -130,8 +130,6 @@ fn run_with_eval(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, String) {
         "3",
         "--learning-rate",
         "1e-3",
-        "--save-strategy",
-        "no",
         "--output-dir",
         out.to_str().expect("utf-8"),
     ];
@@ -192,6 +190,84 @@ fn evaluation_is_logged_summarised_plotted_and_the_same_padded() {
             (a - b).abs() <= 1e-5 * a,
             "step {step}: padding-free {a} vs padded {b}"
         );
+    }
+}
+
+#[test]
+fn load_best_model_at_end_writes_the_best_checkpoint_as_the_final_model() {
+    let dir = scratch("best");
+    let (out, stdout) = run_with_eval(
+        dir.path(),
+        "best",
+        &[
+            "--load-best-model-at-end",
+            "--metric-for-best-model",
+            "loss",
+            "--save-steps",
+            "2",
+        ],
+    );
+    let losses = eval_losses(&out);
+    let &(best_step, best_loss) = losses
+        .iter()
+        .fold(None, |best: Option<&(u64, f64)>, e| match best {
+            Some(b) if b.1 <= e.1 => best,
+            _ => Some(e),
+        })
+        .expect("evaluated");
+    assert!(stdout.contains("; the final model is the one with the lowest eval_loss"));
+    assert!(
+        stdout.contains(&format!(
+            "best model               = step {best_step}, eval_loss {best_loss:.4}"
+        )),
+        "{stdout}"
+    );
+    let results: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("train_results.json")).expect("results"),
+    )
+    .expect("json");
+    assert_eq!(results["best_model"]["step"].as_u64(), Some(best_step));
+    // Step 2 has a checkpoint; the last step (4) is the final model itself.
+    let model = |dir: &Path| std::fs::read(dir.join("model.safetensors")).expect("model");
+    let checkpoint_2 = model(&out.join("checkpoint-2"));
+    assert_eq!(model(&out) == checkpoint_2, best_step == 2, "{losses:?}");
+    assert_eq!(
+        results["best_model_loaded"].as_bool().unwrap_or(false),
+        best_step == 2
+    );
+}
+
+#[test]
+fn load_best_model_at_end_without_a_checkpoint_for_every_evaluation_is_refused() {
+    for (extra, needs) in [
+        (
+            &["--save-strategy", "no"][..],
+            "--load-best-model-at-end: needs checkpoints to load the best model from",
+        ),
+        (
+            &["--save-steps", "3"][..],
+            "--save-steps 3 is not a multiple of --eval-steps 2",
+        ),
+        (
+            &["--eval-strategy", "no"][..],
+            "--load-best-model-at-end needs evaluation",
+        ),
+    ] {
+        let mut args = vec![
+            "train",
+            "--config",
+            "tiny",
+            "--eval-data",
+            "data/gsm-symbolic/eval.jsonl",
+            "--eval-steps",
+            "2",
+            "--load-best-model-at-end",
+        ];
+        args.extend(extra);
+        let output = padfree(&args);
+        assert!(!output.status.success());
+        let err = stderr(&output);
+        assert!(err.contains(needs) && err.contains("HINT: "), "{err}");
     }
 }
 

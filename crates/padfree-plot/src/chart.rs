@@ -83,7 +83,7 @@ pub fn line_chart_png(
             canvas.line(pair[0], pair[1], 3, color);
         }
         if let [only] = pixels.as_slice() {
-            canvas.fill_rect(only.0 - 3, only.1 - 3, only.0 + 3, only.1 + 3, color);
+            canvas.fill_rect(only.0 - 5, only.1 - 5, only.0 + 5, only.1 + 5, color);
         }
         let legend_y = plot.top + 10 + index as i64 * 22;
         let legend_x = plot.right - 10 - Canvas::text_width(&s.label, 2) - 30;

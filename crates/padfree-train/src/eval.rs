@@ -13,7 +13,7 @@ use padfree_model::{LlamaModel, ModelInput};
 use padfree_pack::{Example, PackedBatch, PaddedBatch, flatten, pad};
 
 use crate::comm::Communicator;
-use crate::config::AttentionMode;
+use crate::config::{AttentionMode, SaveStrategy};
 use crate::error::TrainError;
 
 /// When to evaluate (HF `eval_strategy`).
@@ -34,6 +34,10 @@ pub struct EvalSet {
     pub strategy: EvalStrategy,
     /// Examples per eval batch (HF `per_device_eval_batch_size`).
     pub batch_size: usize,
+    /// Whether the final model is the one with the lowest eval loss rather
+    /// than the last step's (HF `load_best_model_at_end` with
+    /// `metric_for_best_model="eval_loss"`); see [`check_best_model`].
+    pub load_best_model_at_end: bool,
 }
 
 impl EvalSet {
@@ -61,6 +65,50 @@ impl EvalSet {
             });
         }
         Ok(())
+    }
+}
+
+/// Refuses `--load-best-model-at-end` where an evaluated model could not be
+/// loaded back. HF's rule, so a config that works there works here: the
+/// save strategy is the eval strategy, and with `steps` every checkpoint
+/// step is an eval step (`save_steps` a multiple of `eval_steps`). The
+/// candidates are then every checkpoint plus the last step's model when it
+/// is evaluated.
+pub fn check_best_model(eval: EvalStrategy, save: SaveStrategy) -> Result<(), TrainError> {
+    let refuse = |message: String, hint: &'static str| TrainError::Config {
+        flag: "load-best-model-at-end",
+        message,
+        hint,
+    };
+    match (eval, save) {
+        (EvalStrategy::Epoch, SaveStrategy::Epoch) => Ok(()),
+        (EvalStrategy::Steps(eval), SaveStrategy::Steps(save)) if save.is_multiple_of(eval) => {
+            Ok(())
+        }
+        (EvalStrategy::Steps(eval), SaveStrategy::Steps(save)) => Err(refuse(
+            format!(
+                "needs every checkpoint to be evaluated, but --save-steps {save} is not a multiple of --eval-steps {eval}"
+            ),
+            "give --save-steps a multiple of --eval-steps (the same number is simplest)",
+        )),
+        (_, SaveStrategy::No) => Err(refuse(
+            "needs checkpoints to load the best model from, but --save-strategy is no".into(),
+            "give --save-strategy the same value as --eval-strategy",
+        )),
+        (eval, save) => Err(refuse(
+            format!(
+                "needs the save and eval strategies to match, but they are {} and {}",
+                match save {
+                    SaveStrategy::Epoch => "epoch",
+                    _ => "steps",
+                },
+                match eval {
+                    EvalStrategy::Epoch => "epoch",
+                    EvalStrategy::Steps(_) => "steps",
+                }
+            ),
+            "give --save-strategy the same value as --eval-strategy",
+        )),
     }
 }
 

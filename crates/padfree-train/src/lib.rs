@@ -48,5 +48,5 @@ pub use metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 pub use optim::AdamW;
 pub use plan::{PlannedStep, TrainPlan};
 pub use schedule::LrSchedule;
-pub use state::{STATE_FORMAT, TrainerState};
+pub use state::{BestModel, STATE_FORMAT, TrainerState};
 pub use trainer::{Observer, Trainer};

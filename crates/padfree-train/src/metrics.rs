@@ -2,6 +2,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::state::BestModel;
+
 /// What one optimizer step did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepMetrics {
@@ -131,6 +133,13 @@ pub struct TrainSummary {
     /// `exp(eval_loss)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_perplexity: Option<f64>,
+    /// With `--load-best-model-at-end`: the best model found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_model: Option<BestModel>,
+    /// Whether the final model was loaded back from the best model's
+    /// checkpoint (false when the best is the last step's own model).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub best_model_loaded: bool,
 }
 
 impl fmt::Display for TrainSummary {
@@ -166,6 +175,18 @@ impl fmt::Display for TrainSummary {
         if let (Some(loss), Some(perplexity)) = (self.eval_loss, self.eval_perplexity) {
             writeln!(f, "  eval_loss                = {loss:.4}")?;
             writeln!(f, "  eval_perplexity          = {perplexity:.2}")?;
+        }
+        if let Some(best) = &self.best_model {
+            let source = match (&best.checkpoint, self.best_model_loaded) {
+                (Some(dir), true) => format!("loaded from {}", dir.display()),
+                (Some(dir), false) => format!("in {}", dir.display()),
+                (None, _) => "the last step's model".to_owned(),
+            };
+            writeln!(
+                f,
+                "  best model               = step {}, eval_loss {:.4} ({source})",
+                best.step, best.eval_loss
+            )?;
         }
         write!(f, "  peak memory (VmHWM)      = {memory}")
     }

@@ -242,6 +242,13 @@ fn loss_plot(state: &TrainerState) -> Result<Vec<u8>, String> {
             label: "eval loss".into(),
             points: eval,
         });
+        if let Some(best) = &state.best_model {
+            // One point, drawn as a square.
+            series.push(padfree_plot::Series {
+                label: "best eval = final model".into(),
+                points: vec![(best.step as f64, best.eval_loss)],
+            });
+        }
         format!("training and eval loss ({})", state.config.attention.name())
     };
     padfree_plot::line_chart_png(&title, "optimizer step", "loss (nats/token)", &series)

@@ -5,7 +5,7 @@
 //! (`Trainer::apply_state`); the checkpointer writes and reads it. Neither
 //! this file nor the checkpointer imports the trainer.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +41,32 @@ pub struct TrainerState {
     pub step_losses: Vec<f64>,
     /// Every logged line.
     pub log_history: Vec<LogRecord>,
+    /// With `--load-best-model-at-end`: the lowest eval loss among the
+    /// models that can be loaded back (HF's `best_metric`,
+    /// `best_global_step`, `best_model_checkpoint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_model: Option<BestModel>,
+}
+
+/// The evaluated model with the lowest eval loss that can be loaded back:
+/// one written as a checkpoint, or the last step's (the final model).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BestModel {
+    /// The step it was evaluated after.
+    pub step: usize,
+    /// Its eval loss.
+    pub eval_loss: f64,
+    /// The checkpoint holding it; `None` for the last step's model, which is
+    /// the final model itself.
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl BestModel {
+    /// Whether an evaluation with `eval_loss` replaces `best`: strictly
+    /// lower, so the earliest of equal losses stays (as in HF).
+    pub fn improves(best: Option<&BestModel>, eval_loss: f64) -> bool {
+        eval_loss.is_finite() && best.is_none_or(|best| eval_loss < best.eval_loss)
+    }
 }
 
 impl TrainerState {

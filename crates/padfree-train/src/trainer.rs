@@ -11,13 +11,13 @@ use crate::checkpoint::{self, Snapshot};
 use crate::comm::{Communicator, SingleProcess};
 use crate::config::{Batching, SaveStrategy, TrainConfig, Warmup};
 use crate::error::TrainError;
-use crate::eval::{Collated, EvalResult, EvalSet, EvalStrategy, evaluate};
+use crate::eval::{Collated, EvalResult, EvalSet, EvalStrategy, check_best_model, evaluate};
 use crate::metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 use crate::optim::AdamW;
 use crate::outputs;
 use crate::plan::TrainPlan;
 use crate::schedule::LrSchedule;
-use crate::state::{STATE_FORMAT, TrainerState};
+use crate::state::{BestModel, STATE_FORMAT, TrainerState};
 
 /// Hooks for what the user sees; every method has a do-nothing default.
 pub trait Observer {
@@ -54,6 +54,7 @@ pub struct Trainer {
     real_tokens_seen: usize,
     last_checkpoint: Option<PathBuf>,
     eval: Option<EvalSet>,
+    best_model: Option<BestModel>,
     comm: Box<dyn Communicator>,
 }
 
@@ -186,6 +187,7 @@ impl Trainer {
             real_tokens_seen: 0,
             last_checkpoint: None,
             eval: None,
+            best_model: None,
             comm,
         })
     }
@@ -241,6 +243,9 @@ impl Trainer {
     /// and the loss plot.
     pub fn with_eval(mut self, eval: EvalSet) -> Result<Self, TrainError> {
         eval.validate()?;
+        if eval.load_best_model_at_end {
+            check_best_model(eval.strategy, self.config.save_strategy)?;
+        }
         self.eval = Some(eval);
         Ok(self)
     }
@@ -270,7 +275,72 @@ impl Trainer {
         }
     }
 
-    /// The model, with the weights of the last step.
+    /// Whether the best model is tracked and loaded at the end.
+    fn tracks_best_model(&self) -> bool {
+        self.eval.as_ref().is_some_and(|e| e.load_best_model_at_end)
+    }
+
+    /// The best model so far, with `load_best_model_at_end`.
+    pub fn best_model(&self) -> Option<&BestModel> {
+        self.best_model.as_ref()
+    }
+
+    /// Takes the model of this step, evaluated to `eval_loss`, as the best
+    /// if it is; `checkpoint`: where it is being saved (`None`: it is the
+    /// last step's model, the final model).
+    fn consider_best_model(&mut self, eval_loss: f64, checkpoint: Option<PathBuf>) {
+        if self.tracks_best_model() && BestModel::improves(self.best_model.as_ref(), eval_loss) {
+            self.best_model = Some(BestModel {
+                step: self.global_step,
+                eval_loss,
+                checkpoint,
+            });
+        }
+    }
+
+    /// With `load_best_model_at_end`, replaces the last step's weights by
+    /// the best checkpoint's (verified first) on the rank that writes the
+    /// final model. Returns whether it did.
+    fn load_best_model(&mut self) -> Result<bool, TrainError> {
+        let Some(BestModel {
+            step,
+            eval_loss,
+            checkpoint: Some(dir),
+        }) = self.best_model.clone()
+        else {
+            return Ok(false);
+        };
+        if step == self.global_step || !self.writes_outputs() {
+            return Ok(false);
+        }
+        let loaded = checkpoint::verify(&dir).and_then(|verified| {
+            Ok(LlamaModel::from_hf_dir(
+                verified.dir(),
+                self.model.device(),
+            )?)
+        });
+        match loaded {
+            Ok(model) => {
+                self.model = model;
+                Ok(true)
+            }
+            Err(err) => Err(TrainError::Checkpoint {
+                path: dir.clone(),
+                message: format!(
+                    "the best model (step {step}, eval_loss {eval_loss:.6}) could not be loaded back, so {} holds the last step's model: {err}",
+                    self.output_dir.display()
+                ),
+                hint: format!(
+                    "the last step's model is complete; to use the best one, repair {} or pick another checkpoint by its eval_loss in {}",
+                    dir.display(),
+                    self.output_dir.join(outputs::METRICS_FILE).display()
+                ),
+            }),
+        }
+    }
+
+    /// The model: the last step's weights, or after `train` with
+    /// `load_best_model_at_end` the best model's (on the writing rank).
     pub fn model(&self) -> &LlamaModel {
         &self.model
     }
@@ -366,6 +436,10 @@ impl Trainer {
                 self.log_history.push(record);
                 interval = Interval::default();
             }
+            if let (true, Some(eval)) = (last, eval) {
+                // The last step's model is the final model: no checkpoint.
+                self.consider_best_model(eval.loss, None);
+            }
             if self.saves_after(metrics.step) && !last {
                 let dir = self.save_checkpoint()?;
                 observer.on_save(&dir);
@@ -375,6 +449,14 @@ impl Trainer {
             let dir = self.save_checkpoint()?;
             observer.on_save(&dir);
         }
+        // Before the final model is written, which is then the best one;
+        // a failure to load it is reported after the last step's model has
+        // been written in its place, so no training is lost.
+        let best_loaded = if interrupted {
+            Ok(false)
+        } else {
+            self.load_best_model()
+        };
         let runtime = started.elapsed().as_secs_f64().max(1e-9);
         let steps = self.global_step - first_step;
         let own_losses = &self.step_losses[first_step..];
@@ -398,11 +480,14 @@ impl Trainer {
                 .iter()
                 .rev()
                 .find_map(|r| r.eval_perplexity),
+            best_model: self.best_model.clone(),
+            best_model_loaded: matches!(best_loaded, Ok(true)),
         };
         if !interrupted && self.writes_outputs() {
             checkpoint::write_model_files(&self.model, &self.artifacts, &self.output_dir)?;
             outputs::write_final_reports(&self.output_dir, &self.state(), &summary)?;
         }
+        best_loaded?;
         self.comm.barrier().map_err(TrainError::from)?;
         Ok(summary)
     }
@@ -451,6 +536,16 @@ impl Trainer {
     /// Writes `checkpoint-{global_step}` now (rank 0; the other ranks wait
     /// for it, so every rank can resume from it once this returns).
     pub fn save_checkpoint(&mut self) -> Result<PathBuf, TrainError> {
+        // Before the state is taken, so the checkpoint knows it is the best.
+        let evaluated = self
+            .log_history
+            .last()
+            .filter(|record| record.step == self.global_step)
+            .and_then(|record| record.eval_loss);
+        if let Some(eval_loss) = evaluated {
+            let dir = checkpoint::checkpoint_dir(&self.output_dir, self.global_step);
+            self.consider_best_model(eval_loss, Some(std::path::absolute(&dir).unwrap_or(dir)));
+        }
         let dir = if self.writes_outputs() {
             let state = self.state();
             let snapshot = Snapshot {
@@ -774,6 +869,7 @@ impl Trainer {
             real_tokens_seen: self.real_tokens_seen,
             step_losses: self.step_losses.clone(),
             log_history: self.log_history.clone(),
+            best_model: self.best_model.clone(),
         }
     }
 
@@ -784,5 +880,6 @@ impl Trainer {
         self.real_tokens_seen = state.real_tokens_seen;
         self.step_losses = state.step_losses;
         self.log_history = state.log_history;
+        self.best_model = state.best_model;
     }
 }

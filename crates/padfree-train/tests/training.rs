@@ -10,7 +10,8 @@ use padfree_pack::flatten;
 use padfree_train::checkpoint;
 use padfree_train::outputs::{self, prepare_output_dir};
 use padfree_train::{
-    AttentionMode, Batching, Observer, SaveStrategy, TrainConfig, TrainError, Trainer, Warmup,
+    AttentionMode, Batching, EvalSet, EvalStrategy, Observer, SaveStrategy, TrainConfig,
+    TrainError, Trainer, Warmup,
 };
 
 mod common;
@@ -357,5 +358,242 @@ fn gradient_checkpointing_leaves_results_bit_identical() {
     assert_eq!(
         max_abs_diff(&params(checkpointed.model()), &params(plain.model())),
         0.0
+    );
+}
+
+/// Evaluates on 16 held-out random examples every 2 steps, keeping the best.
+fn best_model_eval(load_best_model_at_end: bool) -> EvalSet {
+    EvalSet {
+        examples: examples(16, 128, 99),
+        strategy: EvalStrategy::Steps(2),
+        batch_size: 8,
+        load_best_model_at_end,
+    }
+}
+
+/// A run on random tokens fast enough to overfit: the held-out loss rises
+/// from the first evaluation on (4.85 at step 2, 4.92 at step 12), so the
+/// best model is a checkpoint, not the last step's.
+fn overfitting_run() -> TrainConfig {
+    TrainConfig {
+        learning_rate: 1e-2,
+        save_strategy: SaveStrategy::Steps(2),
+        logging_steps: 2,
+        ..config(AttentionMode::Varlen, 12)
+    }
+}
+
+/// A fresh overfitting run that keeps its best model, writing into `dir`.
+fn best_model_trainer(dir: &Path) -> Trainer {
+    trainer(overfitting_run(), dir)
+        .with_eval(best_model_eval(true))
+        .expect("eval set")
+}
+
+#[test]
+fn load_best_model_at_end_writes_the_evaluated_model_with_the_lowest_eval_loss() {
+    let dir_guard = scratch_dir("best-model");
+    let dir = dir_guard.path();
+    let mut t = best_model_trainer(dir);
+    let summary = t.train(&mut ()).expect("trains");
+    let evals: Vec<(usize, f64)> = t
+        .log_history()
+        .iter()
+        .filter_map(|r| Some((r.step, r.eval_loss?)))
+        .collect();
+    assert_eq!(
+        evals.iter().map(|e| e.0).collect::<Vec<_>>(),
+        [2, 4, 6, 8, 10, 12]
+    );
+    // The oracle: the first of the lowest eval losses.
+    let (best_step, best_loss) = evals
+        .iter()
+        .copied()
+        .fold(
+            None,
+            |best: Option<(usize, f64)>, (step, loss)| match best {
+                Some((_, b)) if b <= loss => best,
+                _ => Some((step, loss)),
+            },
+        )
+        .expect("evaluated");
+    assert!(
+        best_step < 12,
+        "this run must overfit for the test to load a checkpoint: {evals:?}"
+    );
+    let best = summary.best_model.clone().expect("tracked");
+    assert_eq!(
+        (best.step, best.eval_loss.to_bits()),
+        (best_step, best_loss.to_bits())
+    );
+    let checkpoint = dir.join(format!("checkpoint-{best_step}"));
+    assert_eq!(
+        best.checkpoint
+            .as_deref()
+            .map(|p| p.canonicalize().expect("exists")),
+        Some(checkpoint.canonicalize().expect("exists"))
+    );
+    assert!(summary.best_model_loaded);
+    // The final model is the checkpoint's, byte for byte, and evaluates to
+    // the same loss bit for bit.
+    let bytes = |dir: &Path| std::fs::read(dir.join("model.safetensors")).expect("model file");
+    assert!(
+        bytes(dir) == bytes(&checkpoint),
+        "final model != {checkpoint:?}"
+    );
+    let again = t.evaluate().expect("evaluates").expect("eval set");
+    assert_eq!(again.loss.to_bits(), best_loss.to_bits());
+    // Both state files name it, as HF's trainer_state.json does.
+    let state = checkpoint::read_state(dir).expect("final state");
+    assert_eq!(state.best_model.as_ref(), Some(&best));
+    let results: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(outputs::RESULTS_FILE)).expect("results"),
+    )
+    .expect("json");
+    assert_eq!(
+        results["best_model"]["step"].as_u64(),
+        Some(best_step as u64)
+    );
+
+    // Without the flag the same run ends with the last step's weights.
+    let last_dir = scratch_dir("best-model-off");
+    let mut last = trainer(overfitting_run(), last_dir.path())
+        .with_eval(best_model_eval(false))
+        .expect("eval set");
+    let summary = last.train(&mut ()).expect("trains");
+    assert!(summary.best_model.is_none() && !summary.best_model_loaded);
+    assert_eq!(
+        last.evaluate()
+            .expect("evaluates")
+            .expect("eval set")
+            .loss
+            .to_bits(),
+        evals[5].1.to_bits()
+    );
+    assert!(bytes(last_dir.path()) != bytes(&checkpoint));
+
+    // Interrupted between evaluations and resumed, the run keeps its best
+    // (saved in the checkpoint's state) and ends with the same final model.
+    let resumed_guard = scratch_dir("best-model-resumed");
+    let resumed_dir = resumed_guard.path();
+    let mut first = best_model_trainer(resumed_dir);
+    assert!(
+        first
+            .train(&mut StopAfter(7, 0))
+            .expect("trains")
+            .interrupted
+    );
+    let saved = resumed_dir.join("checkpoint-7");
+    let weights = LlamaModel::from_hf_dir(&saved, &cpu_device(true)).expect("checkpoint loads");
+    let mut resumed = Trainer::resume(
+        weights,
+        &checkpoint::verify(&saved).expect("verifies"),
+        examples(40, 128, 3),
+        overfitting_run(),
+        resumed_dir,
+        Vec::new(),
+    )
+    .expect("resumes")
+    .with_eval(best_model_eval(true))
+    .expect("eval set");
+    let summary = resumed.train(&mut ()).expect("trains");
+    assert_eq!(summary.best_model.as_ref().map(|b| b.step), Some(best_step));
+    assert!(
+        bytes(resumed_dir) == bytes(&checkpoint),
+        "resumed final model differs"
+    );
+}
+
+/// Deletes a checkpoint's weights once a later checkpoint is saved.
+struct DamageAfterSave {
+    victim: std::path::PathBuf,
+}
+
+impl Observer for DamageAfterSave {
+    fn on_save(&mut self, dir: &Path) {
+        if dir != self.victim && self.victim.join("model.safetensors").exists() {
+            std::fs::remove_file(self.victim.join("model.safetensors")).expect("damage");
+        }
+    }
+}
+
+#[test]
+fn a_best_checkpoint_that_cannot_be_read_back_leaves_the_last_model_and_fails_by_name() {
+    let dir_guard = scratch_dir("best-model-damaged");
+    let dir = dir_guard.path();
+    let mut t = best_model_trainer(dir);
+    let victim = dir.join("checkpoint-2");
+    let err = t
+        .train(&mut DamageAfterSave {
+            victim: victim.clone(),
+        })
+        .expect_err("the best checkpoint is gone");
+    let text = err.to_string();
+    assert!(
+        text.contains("checkpoint-2") && text.contains("the best model (step 2,"),
+        "{text}"
+    );
+    assert!(
+        text.contains("holds the last step's model") && text.contains("HINT: "),
+        "{text}"
+    );
+    // The last step's model was written in full before the error.
+    let saved = LlamaModel::from_hf_dir(dir, &cpu_device(false)).expect("final model loads");
+    assert_eq!(max_abs_diff(&params(&saved), &params(t.model())), 0.0);
+    assert!(dir.join(outputs::RESULTS_FILE).is_file());
+}
+
+#[test]
+fn load_best_model_at_end_is_refused_where_the_best_could_not_be_loaded_back() {
+    let dir_guard = scratch_dir("best-model-refused");
+    for (save, eval, needs) in [
+        (
+            SaveStrategy::No,
+            EvalStrategy::Steps(2),
+            "--save-strategy is no",
+        ),
+        (
+            SaveStrategy::Steps(3),
+            EvalStrategy::Steps(2),
+            "--save-steps 3 is not a multiple of --eval-steps 2",
+        ),
+        (
+            SaveStrategy::Epoch,
+            EvalStrategy::Steps(2),
+            "are epoch and steps",
+        ),
+        (
+            SaveStrategy::Steps(2),
+            EvalStrategy::Epoch,
+            "are steps and epoch",
+        ),
+    ] {
+        let run = TrainConfig {
+            save_strategy: save,
+            ..config(AttentionMode::Varlen, 4)
+        };
+        let dir = dir_guard.path().join(format!("{save:?}-{eval:?}"));
+        let err = trainer(run, &dir)
+            .with_eval(EvalSet {
+                strategy: eval,
+                ..best_model_eval(true)
+            })
+            .expect_err("refused");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("--load-best-model-at-end: ") && text.contains(needs),
+            "{text}"
+        );
+        assert!(text.contains("HINT: "), "{text}");
+    }
+    // HF's rule allows checkpoints on every other evaluation.
+    let run = TrainConfig {
+        save_strategy: SaveStrategy::Steps(4),
+        ..config(AttentionMode::Varlen, 4)
+    };
+    assert!(
+        trainer(run, &dir_guard.path().join("ok"))
+            .with_eval(best_model_eval(true))
+            .is_ok()
     );
 }

@@ -44,6 +44,14 @@ pub enum EvalStrategyArg {
     Epoch,
 }
 
+/// `--metric-for-best-model`: the one metric padfree evaluates, under HF's
+/// two spellings of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BestMetricArg {
+    #[value(name = "eval_loss", alias = "loss")]
+    EvalLoss,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OverlongArg {
     Truncate,
@@ -190,6 +198,14 @@ pub struct TrainArgs {
     /// Examples per eval batch.
     #[arg(long, default_value_t = 8)]
     pub per_device_eval_batch_size: usize,
+    /// Write the evaluated model with the lowest eval loss as the final
+    /// model instead of the last step's (HF's rule: --save-strategy equal to
+    /// --eval-strategy, --save-steps a multiple of --eval-steps).
+    #[arg(long)]
+    pub load_best_model_at_end: bool,
+    /// What "best" means for --load-best-model-at-end (lower is better).
+    #[arg(long, value_enum, requires = "load_best_model_at_end")]
+    pub metric_for_best_model: Option<BestMetricArg>,
     /// Before training, run `padfree check` on the first micro-batches: stop
     /// if padding-free and padded or one-at-a-time results differ.
     #[arg(long)]
@@ -241,6 +257,7 @@ pub struct EvalJob {
     pub data: Option<PathBuf>,
     pub strategy: EvalStrategy,
     pub batch_size: usize,
+    pub load_best_model_at_end: bool,
 }
 
 /// A validated `padfree train` invocation.
@@ -408,10 +425,19 @@ impl TrainArgs {
         if self.eval_steps == Some(0) || self.per_device_eval_batch_size == 0 {
             bail!("--eval-steps and --per-device-eval-batch-size must be at least 1");
         }
+        if self.load_best_model_at_end {
+            let Some(strategy) = eval_strategy else {
+                bail!(
+                    "--load-best-model-at-end needs evaluation\nHINT: give --eval-data FILE (and --eval-strategy steps or epoch)"
+                );
+            };
+            padfree_train::eval::check_best_model(strategy, train.save_strategy)?;
+        }
         let eval = eval_strategy.map(|strategy| EvalJob {
             data: self.eval_data.clone(),
             strategy,
             batch_size: self.per_device_eval_batch_size,
+            load_best_model_at_end: self.load_best_model_at_end,
         });
         Ok(TrainJob {
             embedded_default,

@@ -174,18 +174,24 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     };
     if let (Some(eval), Some(eval_dataset)) = (&job.eval, eval_dataset) {
         say!(
-            "evaluation: {} examples in batches of {}, {}",
+            "evaluation: {} examples in batches of {}, {}{}",
             eval_dataset.examples.len(),
             eval.batch_size,
             match eval.strategy {
                 EvalStrategy::Steps(every) => format!("every {every} steps"),
                 EvalStrategy::Epoch => "at the end of every epoch".to_owned(),
+            },
+            if eval.load_best_model_at_end {
+                "; the final model is the one with the lowest eval_loss"
+            } else {
+                ""
             }
         );
         trainer = trainer.with_eval(EvalSet {
             examples: eval_dataset.examples,
             strategy: eval.strategy,
             batch_size: eval.batch_size,
+            load_best_model_at_end: eval.load_best_model_at_end,
         })?;
     }
     if rank == 0 {
@@ -222,8 +228,20 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         return Ok(true);
     }
     let out = &job.output_dir;
+    let which = match (&summary.best_model, summary.best_model_loaded) {
+        (Some(best), true) => format!(
+            " (the best: step {}, eval_loss {:.4}, from {})",
+            best.step,
+            best.eval_loss,
+            best.checkpoint
+                .as_deref()
+                .map_or_else(String::new, |dir| dir.display().to_string())
+        ),
+        (Some(_), false) => " (the best: the last step's)".to_owned(),
+        (None, _) => String::new(),
+    };
     say!(
-        "\nwrote {} (model.safetensors, config.json, tokenizer files), {}, {}, {}",
+        "\nwrote {} (model.safetensors{which}, config.json, tokenizer files), {}, {}, {}",
         out.display(),
         out.join(METRICS_FILE).display(),
         out.join(RESULTS_FILE).display(),
