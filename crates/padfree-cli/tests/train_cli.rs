@@ -8,6 +8,15 @@ use std::process::Command;
 mod common;
 use common::{first_records, padfree, repo, scratch, stderr, tiny_config_with_shipped_vocab};
 
+/// A `tiny` config with the shipped vocabulary and the first `records` of
+/// the shipped training data, written into `dir`.
+fn tiny_model_and_data(dir: &Path, records: usize) -> (String, PathBuf) {
+    let config = tiny_config_with_shipped_vocab(dir);
+    let data = dir.join("train.jsonl");
+    std::fs::write(&data, first_records(records)).expect("write data");
+    (config, data)
+}
+
 #[test]
 fn bad_data_files_name_the_file_line_and_field() {
     let dir_guard = scratch("bad-data");
@@ -109,7 +118,7 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
 
 #[test]
 fn conflicting_or_invalid_flags_are_refused() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["train", "--padding-free", "false", "--attention", "varlen"],
             "--padding-free false",
@@ -131,6 +140,10 @@ fn conflicting_or_invalid_flags_are_refused() {
             &["train", "--multipack", "--no-shuffle"],
             "--no-shuffle: multipack",
         ),
+        (
+            &["train", "--save-total-limit", "0"],
+            "--save-total-limit: must be at least 1",
+        ),
     ];
     for (args, expected) in cases {
         let output = padfree(args);
@@ -150,9 +163,7 @@ fn conflicting_or_invalid_flags_are_refused() {
 fn multipack_trains_padded_and_padding_free_on_the_same_bins() {
     let dir_guard = scratch("multipack");
     let dir = dir_guard.path();
-    let config = tiny_config_with_shipped_vocab(dir);
-    let data = dir.join("train.jsonl");
-    std::fs::write(&data, first_records(40)).expect("write data");
+    let (config, data) = tiny_model_and_data(dir, 40);
     let (config, data) = (config.as_str(), data.display().to_string());
     let mut real_tokens = Vec::new();
     for padding_free in ["true", "false"] {
@@ -210,12 +221,51 @@ fn multipack_trains_padded_and_padding_free_on_the_same_bins() {
 }
 
 #[test]
+fn save_total_limit_keeps_the_newest_checkpoints() {
+    let dir_guard = scratch("limit");
+    let dir = dir_guard.path();
+    let (config, data) = tiny_model_and_data(dir, 8);
+    let out = dir.join("out");
+    let output = padfree(&[
+        "train",
+        "--config",
+        &config,
+        "--data",
+        data.to_str().expect("utf-8"),
+        "--max-steps",
+        "4",
+        "--per-device-train-batch-size",
+        "2",
+        "--save-steps",
+        "1",
+        "--save-total-limit",
+        "2",
+        "--output-dir",
+        out.to_str().expect("utf-8"),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let removed = format!(
+        "removed {} (--save-total-limit)",
+        out.join("checkpoint-1").display()
+    );
+    assert!(stdout.contains(&removed), "{stdout}");
+    let mut left: Vec<String> = std::fs::read_dir(&out)
+        .expect("out")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("checkpoint-"))
+        .collect();
+    left.sort();
+    // Steps 1-3 were saved (4 is the final model); 1 was removed.
+    assert_eq!(left, ["checkpoint-2", "checkpoint-3"]);
+}
+
+#[test]
 fn a_tiny_run_writes_an_hf_model_and_resumes_bit_identically() {
     let dir_guard = scratch("tiny-run");
     let dir = dir_guard.path();
-    let config = tiny_config_with_shipped_vocab(dir);
-    let data = dir.join("train.jsonl");
-    std::fs::write(&data, first_records(24)).expect("write data");
+    let (config, data) = tiny_model_and_data(dir, 24);
     let (config, data) = (config.as_str(), data.display().to_string());
     let common = [
         "train",
@@ -370,9 +420,7 @@ fn smollm2_fine_tunes_from_its_gguf() {
 fn bench(name: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf, std::process::Output) {
     let dir_guard = scratch(name);
     let dir = dir_guard.path();
-    let config = tiny_config_with_shipped_vocab(dir);
-    let data = dir.join("train.jsonl");
-    std::fs::write(&data, first_records(24)).expect("write data");
+    let (config, data) = tiny_model_and_data(dir, 24);
     let out = dir.join("out");
     let (data, out_arg) = (data.display().to_string(), out.display().to_string());
     let mut args = vec![
@@ -495,9 +543,7 @@ fn bench_has_multipack_rows() {
 fn the_peer_runs_without_padfrees_malloc_tuning() {
     let dir_guard = scratch("peer-env");
     let dir = dir_guard.path();
-    let config = tiny_config_with_shipped_vocab(dir);
-    let data = dir.join("train.jsonl");
-    std::fs::write(&data, first_records(8)).expect("write data");
+    let (config, data) = tiny_model_and_data(dir, 8);
     let env_log = dir.join("peer-env.txt");
     let fake_python = dir.join("python");
     let result = r#"{"mode":"hf-x","timed_steps":1,"train_runtime":1.0,"real_tokens":1,"fed_tokens":1,"samples":1,"real_tokens_per_second":1.0,"fed_tokens_per_second":1.0,"samples_per_second":1.0,"padding_fraction":0.0,"peak_memory_bytes":null,"final_loss":1.0,"step_losses":[1.0,1.0]}"#;

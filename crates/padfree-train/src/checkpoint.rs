@@ -265,6 +265,76 @@ pub fn checkpoint_dir(output_dir: &Path, step: usize) -> PathBuf {
     output_dir.join(checkpoint_name(step))
 }
 
+/// The steps of the `checkpoint-N` entries in `dir`, ascending.
+fn checkpoint_steps(dir: &Path) -> Vec<usize> {
+    let mut steps: Vec<usize> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name();
+                    let step = name.to_str()?.strip_prefix("checkpoint-")?.parse().ok()?;
+                    // `checkpoint-+5` parses too, but is not ours.
+                    (name.to_str() == Some(checkpoint_name(step).as_str())).then_some(step)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    steps.sort_unstable();
+    steps
+}
+
+/// Removes the oldest checkpoints of `output_dir` beyond `limit` (HF
+/// `save_total_limit`) and returns them. `keep` (the best model's
+/// checkpoint) is never removed and counts towards the limit, but the newest
+/// is kept too, so a limit of 1 can leave two, as in HF. Only padfree
+/// checkpoints are counted; each is renamed to a temporary name before it
+/// is deleted, so an interruption leaves no half-deleted checkpoint that
+/// looks whole (temporaries are cleared at the next start).
+pub fn remove_old_checkpoints(
+    output_dir: &Path,
+    limit: usize,
+    keep: Option<&Path>,
+) -> Result<Vec<PathBuf>, TrainError> {
+    let keep = keep.and_then(|dir| dir.canonicalize().ok());
+    let dirs: Vec<(PathBuf, bool)> = checkpoint_steps(output_dir)
+        .into_iter()
+        .rev()
+        .map(|step| checkpoint_dir(output_dir, step))
+        .filter(|dir| is_checkpoint(dir))
+        .map(|dir| {
+            let kept = keep.is_some() && dir.canonicalize().ok() == keep;
+            (dir, kept)
+        })
+        .collect();
+    let protected = dirs.iter().any(|(_, kept)| *kept);
+    let mut budget = limit.saturating_sub(usize::from(protected));
+    if budget == 0 && dirs.first().is_some_and(|(_, kept)| !kept) {
+        budget = 1;
+    }
+    let mut removed = Vec::new();
+    for (dir, kept) in dirs {
+        if kept {
+            continue;
+        }
+        if budget > 0 {
+            budget -= 1;
+            continue;
+        }
+        let name = dir
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let doomed = output_dir.join(format!(
+            "{TEMP_PREFIX}removed-{name}-{}",
+            std::process::id()
+        ));
+        std::fs::rename(&dir, &doomed).map_err(|err| TrainError::io(&dir, err))?;
+        std::fs::remove_dir_all(&doomed).map_err(|err| TrainError::io(&doomed, err))?;
+        removed.push(dir);
+    }
+    Ok(removed)
+}
+
 /// Whether `dir` looks like a checkpoint. A finished run's own directory
 /// has a trainer state too, but neither of the others.
 pub fn is_checkpoint(dir: &Path) -> bool {
@@ -278,21 +348,7 @@ fn check_is_checkpoint(dir: &Path) -> Result<(), TrainError> {
     if is_checkpoint(dir) {
         return Ok(());
     }
-    let mut steps: Vec<usize> = std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| {
-                    e.file_name()
-                        .to_str()?
-                        .strip_prefix("checkpoint-")?
-                        .parse()
-                        .ok()
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    steps.sort_unstable();
+    let steps = checkpoint_steps(dir);
     let hint = match steps.last() {
         Some(&last) => format!(
             "checkpoints here: {}; the latest is --resume-from-checkpoint {}",
@@ -459,4 +515,66 @@ pub fn verify(dir: &Path) -> Result<Verified, TrainError> {
     Ok(Verified {
         dir: dir.to_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `dir` with checkpoints (the files `is_checkpoint` looks for) of
+    /// `steps`, plus entries that are not padfree checkpoints.
+    fn run_dir(steps: &[usize]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for &step in steps {
+            let checkpoint = checkpoint_dir(dir.path(), step);
+            std::fs::create_dir_all(&checkpoint).expect("mkdir");
+            for file in [STATE_FILE, INTEGRITY_FILE] {
+                std::fs::write(checkpoint.join(file), b"{}").expect("write");
+            }
+        }
+        for foreign in ["checkpoint-1", "checkpoint-notes", "checkpoint-+9"] {
+            std::fs::create_dir_all(dir.path().join(foreign)).expect("mkdir");
+        }
+        dir
+    }
+
+    fn left(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .expect("read")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn the_oldest_go_the_best_and_the_newest_stay() {
+        let foreign = ["checkpoint-+9", "checkpoint-1", "checkpoint-notes"];
+        // (limit, best, what is left of 2, 4, 6, 8, 10 besides the foreign)
+        let cases: [(usize, Option<usize>, &[usize]); 6] = [
+            (2, None, &[10, 8]),
+            (5, None, &[10, 8, 6, 4, 2]),
+            (2, Some(4), &[10, 4]),
+            (3, Some(4), &[10, 8, 4]),
+            // HF: a limit of 1 keeps the best and the newest.
+            (1, Some(4), &[10, 4]),
+            (1, Some(10), &[10]),
+        ];
+        for (limit, best, kept) in cases {
+            let dir = run_dir(&[2, 4, 6, 8, 10]);
+            let best_dir = best.map(|step| checkpoint_dir(dir.path(), step));
+            let removed =
+                remove_old_checkpoints(dir.path(), limit, best_dir.as_deref()).expect("removes");
+            let mut expected: Vec<String> = kept.iter().map(|&s| checkpoint_name(s)).collect();
+            expected.extend(foreign.map(String::from));
+            expected.sort();
+            assert_eq!(left(dir.path()), expected, "limit {limit}, best {best:?}");
+            assert_eq!(
+                removed.len(),
+                5 - kept.len(),
+                "limit {limit}, best {best:?}"
+            );
+        }
+    }
 }

@@ -204,6 +204,10 @@ pub struct TrainConfig {
     pub logging_steps: usize,
     /// Checkpoints.
     pub save_strategy: SaveStrategy,
+    /// Keep at most this many checkpoints in the output directory, removing
+    /// the oldest (HF `save_total_limit`); the best model's is kept besides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save_total_limit: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -227,6 +231,7 @@ impl Default for TrainConfig {
             shuffle: true,
             logging_steps: 500,
             save_strategy: SaveStrategy::Steps(500),
+            save_total_limit: None,
         }
     }
 }
@@ -358,6 +363,13 @@ impl TrainConfig {
                 "logging-steps",
                 "must be at least 1".into(),
                 "the HF default is 500",
+            );
+        }
+        if self.save_total_limit == Some(0) {
+            return refuse(
+                "save-total-limit",
+                "must be at least 1".into(),
+                "leave it out to keep every checkpoint",
             );
         }
         if self.save_strategy == SaveStrategy::Steps(0) {

@@ -125,7 +125,7 @@ fn differing_setting(saved: &TrainConfig, now: &TrainConfig) -> Option<String> {
         return None;
     };
     // Logging and saving cadence do not change the numbers.
-    const FREE: [&str; 2] = ["logging_steps", "save_strategy"];
+    const FREE: [&str; 3] = ["logging_steps", "save_strategy", "save_total_limit"];
     saved
         .iter()
         .find(|(key, value)| !FREE.contains(&key.as_str()) && now.get(*key) != Some(value))

@@ -27,6 +27,8 @@ pub trait Observer {
     fn on_log(&mut self, _record: &LogRecord) {}
     /// After a checkpoint was written.
     fn on_save(&mut self, _dir: &Path) {}
+    /// After an old checkpoint was removed (`save_total_limit`).
+    fn on_remove(&mut self, _dir: &Path) {}
     /// Polled between steps: true stops training after the current step
     /// (Ctrl-C), with a checkpoint written.
     fn stop_requested(&self) -> bool {
@@ -441,13 +443,11 @@ impl Trainer {
                 self.consider_best_model(eval.loss, None);
             }
             if self.saves_after(metrics.step) && !last {
-                let dir = self.save_checkpoint()?;
-                observer.on_save(&dir);
+                self.checkpoint_now(observer)?;
             }
         }
         if interrupted && self.global_step > first_step {
-            let dir = self.save_checkpoint()?;
-            observer.on_save(&dir);
+            self.checkpoint_now(observer)?;
         }
         // Before the final model is written, which is then the best one;
         // a failure to load it is reported after the last step's model has
@@ -530,7 +530,41 @@ impl Trainer {
         let slack = 1 << 20;
         let model = 4 * params + artifacts + slack;
         let checkpoint = model + 8 * params;
-        self.checkpoints_ahead() as u64 * checkpoint + model
+        // With a limit, the kept ones, the best model's and the one being
+        // written are on disk at once.
+        let at_once = match self.config.save_total_limit {
+            Some(limit) => self.checkpoints_ahead().min(limit + 2),
+            None => self.checkpoints_ahead(),
+        };
+        at_once as u64 * checkpoint + model
+    }
+
+    /// Writes a checkpoint, tells the observer, then removes what
+    /// `save_total_limit` no longer keeps.
+    fn checkpoint_now(&mut self, observer: &mut dyn Observer) -> Result<(), TrainError> {
+        let saved = self.save_checkpoint()?;
+        observer.on_save(&saved);
+        let (Some(limit), true) = (self.config.save_total_limit, self.writes_outputs()) else {
+            return Ok(());
+        };
+        let best = self
+            .best_model
+            .as_ref()
+            .and_then(|b| b.checkpoint.as_deref());
+        let removed = checkpoint::remove_old_checkpoints(&self.output_dir, limit, best)
+            .map_err(|err| TrainError::Checkpoint {
+                path: self.output_dir.clone(),
+                message: format!("could not remove an old checkpoint (--save-total-limit {limit}): {err}"),
+                hint: format!(
+                    "the run is saved in {}: make the old checkpoints removable (or drop --save-total-limit) and resume with --resume-from-checkpoint {}",
+                    saved.display(),
+                    saved.display()
+                ),
+            })?;
+        for dir in removed {
+            observer.on_remove(&dir);
+        }
+        Ok(())
     }
 
     /// Writes `checkpoint-{global_step}` now (rank 0; the other ranks wait

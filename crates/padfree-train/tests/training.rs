@@ -597,3 +597,69 @@ fn load_best_model_at_end_is_refused_where_the_best_could_not_be_loaded_back() {
             .is_ok()
     );
 }
+
+/// Records the checkpoints the trainer removes.
+#[derive(Default)]
+struct Removals(Vec<std::path::PathBuf>);
+
+impl Observer for Removals {
+    fn on_remove(&mut self, dir: &Path) {
+        self.0.push(dir.to_owned());
+    }
+}
+
+fn checkpoints_left(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("checkpoint-") || name.starts_with(".tmp"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn save_total_limit_removes_the_oldest_checkpoints_but_never_the_best() {
+    // Checkpoints at steps 2, 4, 6, 8, 10 (12 is the final model).
+    let dir_guard = scratch_dir("limit");
+    let dir = dir_guard.path();
+    let run = TrainConfig {
+        save_total_limit: Some(2),
+        ..overfitting_run()
+    };
+    let mut t = trainer(run, dir);
+    let mut removals = Removals::default();
+    t.train(&mut removals).expect("trains");
+    let names = |paths: &[std::path::PathBuf]| -> Vec<String> {
+        paths
+            .iter()
+            .map(|p| p.file_name().expect("name").to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&removals.0),
+        ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    );
+    assert_eq!(checkpoints_left(dir), ["checkpoint-10", "checkpoint-8"]);
+
+    // With the best model (step 2) and a limit of 1: the best and the newest
+    // stay, and the final model is still the best one.
+    let best_guard = scratch_dir("limit-best");
+    let best_dir = best_guard.path();
+    let run = TrainConfig {
+        save_total_limit: Some(1),
+        ..overfitting_run()
+    };
+    let mut t = trainer(run, best_dir)
+        .with_eval(best_model_eval(true))
+        .expect("eval set");
+    let summary = t.train(&mut ()).expect("trains");
+    assert_eq!(summary.best_model.map(|b| b.step), Some(2));
+    assert_eq!(
+        checkpoints_left(best_dir),
+        ["checkpoint-10", "checkpoint-2"]
+    );
+    let bytes = |dir: &Path| std::fs::read(dir.join("model.safetensors")).expect("model file");
+    assert!(bytes(best_dir) == bytes(&best_dir.join("checkpoint-2")));
+}

@@ -184,6 +184,10 @@ pub struct TrainArgs {
     pub save_strategy: SaveStrategyArg,
     #[arg(long, default_value_t = 500)]
     pub save_steps: usize,
+    /// Keep at most N checkpoints, removing the oldest (the best model's is
+    /// kept besides, with --load-best-model-at-end) [default: keep all].
+    #[arg(long)]
+    pub save_total_limit: Option<usize>,
     /// Held-out data (same format and fields as --data) for the eval loss
     /// during training [built-in demo run: the shipped eval split].
     #[arg(long)]
@@ -399,6 +403,7 @@ impl TrainArgs {
                 SaveStrategyArg::Steps => SaveStrategy::Steps(self.save_steps),
                 SaveStrategyArg::Epoch => SaveStrategy::Epoch,
             },
+            save_total_limit: self.save_total_limit,
         };
         train.validate()?;
         let eval_strategy = match (self.eval_strategy, &self.eval_data, embedded_default) {

@@ -652,6 +652,10 @@ impl Observer for Progress {
         self.line(&format!("saved {}", dir.display()));
     }
 
+    fn on_remove(&mut self, dir: &Path) {
+        self.line(&format!("removed {} (--save-total-limit)", dir.display()));
+    }
+
     fn stop_requested(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
