@@ -118,7 +118,7 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
 
 #[test]
 fn conflicting_or_invalid_flags_are_refused() {
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["train", "--padding-free", "false", "--attention", "varlen"],
             "--padding-free false",
@@ -143,6 +143,20 @@ fn conflicting_or_invalid_flags_are_refused() {
         (
             &["train", "--save-total-limit", "0"],
             "--save-total-limit: must be at least 1",
+        ),
+        (
+            &[
+                "train",
+                "--eval-data",
+                "held-out.jsonl",
+                "--eval-steps",
+                "0",
+            ],
+            "--eval-steps: is 0",
+        ),
+        (
+            &["train", "--verify-packing", "--verify-packing-batches", "0"],
+            "--verify-packing-batches must be at least 1",
         ),
     ];
     for (args, expected) in cases {

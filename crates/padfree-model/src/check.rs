@@ -182,7 +182,7 @@ pub fn check_batch(
     let mut padded_vs_flat = Worst::new("logits: padded vs padding-free");
     let mut single_vs_flat = Worst::new("logits: one-at-a-time vs padding-free");
     for (e, example) in examples.iter().enumerate() {
-        let alone = flatten(std::slice::from_ref(example)).map_err(pack_error("one example"))?;
+        let alone = alone(example)?;
         let single = model.forward(&ModelInput::Varlen(&alone))?.into_vec();
         let ours = flat_rows(&flat_logits, e);
         let theirs = &padded_logits[e * seq_len * vocab..(e * seq_len + lengths[e]) * vocab];
@@ -226,7 +226,7 @@ pub fn check_batch(
     let mut single_loss = 0.0;
     let mut single_grads: Vec<Vec<f32>> = Vec::new();
     for example in examples {
-        let alone = flatten(std::slice::from_ref(example)).map_err(pack_error("one example"))?;
+        let alone = alone(example)?;
         let (loss, _, grads) = loss_and_grads(model, &ModelInput::Varlen(&alone))?;
         single_loss += loss;
         if single_grads.is_empty() {
@@ -300,6 +300,14 @@ pub fn check_batch(
     })
 }
 
+/// `example` as a batch of its own: the oracle, which cannot see another.
+fn alone(example: &Example) -> Result<PackedBatch, ModelError> {
+    flatten(std::slice::from_ref(example)).map_err(|source| ModelError::Pack {
+        what: "one example",
+        source,
+    })
+}
+
 /// The padding-free batch, or what `fault` makes of it.
 fn flatten_with(examples: &[Example], fault: Fault) -> Result<PackedBatch, PackError> {
     match fault {
@@ -336,11 +344,7 @@ fn trace(
         .and_then(|e| e.parse::<usize>().ok());
     let layer = match example {
         Some(e) if row.quantity.starts_with("logits") || row.quantity.starts_with("perturbing") => {
-            let alone =
-                flatten(std::slice::from_ref(&examples[e])).map_err(|source| ModelError::Pack {
-                    what: "one example",
-                    source,
-                })?;
+            let alone = alone(&examples[e])?;
             let ours = model.layer_states(&ModelInput::Varlen(flat))?;
             let reference = model.layer_states(&ModelInput::Varlen(&alone))?;
             let width = model.config().hidden_size;

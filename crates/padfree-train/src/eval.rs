@@ -25,12 +25,10 @@ pub enum EvalStrategy {
     Epoch,
 }
 
-/// A held-out set and when to evaluate on it.
-#[derive(Debug, Clone)]
-pub struct EvalSet {
-    /// The examples, tokenized as the training set is.
-    pub examples: Vec<Example>,
-    /// When.
+/// When and how to evaluate, whatever the held-out data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvalSettings {
+    /// When (HF `eval_strategy`, `eval_steps`).
     pub strategy: EvalStrategy,
     /// Examples per eval batch (HF `per_device_eval_batch_size`).
     pub batch_size: usize,
@@ -40,16 +38,9 @@ pub struct EvalSet {
     pub load_best_model_at_end: bool,
 }
 
-impl EvalSet {
-    /// Checks the settings.
-    pub fn validate(&self) -> Result<(), TrainError> {
-        if self.examples.is_empty() {
-            return Err(TrainError::Config {
-                flag: "eval-data",
-                message: "holds no example".into(),
-                hint: "give a file with at least one record that keeps a label token",
-            });
-        }
+impl EvalSettings {
+    /// Refuses settings that cannot work, with checkpoints saved by `save`.
+    pub fn validate(&self, save: SaveStrategy) -> Result<(), TrainError> {
         if self.batch_size == 0 {
             return Err(TrainError::Config {
                 flag: "per-device-eval-batch-size",
@@ -64,7 +55,33 @@ impl EvalSet {
                 hint: "give at least 1",
             });
         }
+        if self.load_best_model_at_end {
+            check_best_model(self.strategy, save)?;
+        }
         Ok(())
+    }
+}
+
+/// A held-out set and when to evaluate on it.
+#[derive(Debug, Clone)]
+pub struct EvalSet {
+    /// The examples, tokenized as the training set is.
+    pub examples: Vec<Example>,
+    /// When and how.
+    pub settings: EvalSettings,
+}
+
+impl EvalSet {
+    /// Checks the data and the settings.
+    pub fn validate(&self, save: SaveStrategy) -> Result<(), TrainError> {
+        if self.examples.is_empty() {
+            return Err(TrainError::Config {
+                flag: "eval-data",
+                message: "holds no example".into(),
+                hint: "give a file with at least one record that keeps a label token",
+            });
+        }
+        self.settings.validate(save)
     }
 }
 
@@ -74,7 +91,7 @@ impl EvalSet {
 /// step is an eval step (`save_steps` a multiple of `eval_steps`). The
 /// candidates are then every checkpoint plus the last step's model when it
 /// is evaluated.
-pub fn check_best_model(eval: EvalStrategy, save: SaveStrategy) -> Result<(), TrainError> {
+fn check_best_model(eval: EvalStrategy, save: SaveStrategy) -> Result<(), TrainError> {
     let refuse = |message: String, hint: &'static str| TrainError::Config {
         flag: "load-best-model-at-end",
         message,

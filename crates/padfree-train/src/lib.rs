@@ -43,7 +43,7 @@ pub use config::{
     TrainConfig, Warmup,
 };
 pub use error::TrainError;
-pub use eval::{EvalResult, EvalSet, EvalStrategy};
+pub use eval::{EvalResult, EvalSet, EvalSettings, EvalStrategy};
 pub use metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 pub use optim::AdamW;
 pub use plan::{PlannedStep, TrainPlan};

@@ -11,7 +11,7 @@ use crate::checkpoint::{self, Snapshot};
 use crate::comm::{Communicator, SingleProcess};
 use crate::config::{Batching, SaveStrategy, TrainConfig, Warmup};
 use crate::error::TrainError;
-use crate::eval::{Collated, EvalResult, EvalSet, EvalStrategy, check_best_model, evaluate};
+use crate::eval::{Collated, EvalResult, EvalSet, EvalStrategy, evaluate};
 use crate::metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
 use crate::optim::AdamW;
 use crate::outputs;
@@ -244,10 +244,7 @@ impl Trainer {
     /// result joins the log line of that step, `metrics.jsonl`, the summary
     /// and the loss plot.
     pub fn with_eval(mut self, eval: EvalSet) -> Result<Self, TrainError> {
-        eval.validate()?;
-        if eval.load_best_model_at_end {
-            check_best_model(eval.strategy, self.config.save_strategy)?;
-        }
+        eval.validate(self.config.save_strategy)?;
         self.eval = Some(eval);
         Ok(self)
     }
@@ -260,7 +257,7 @@ impl Trainer {
                 evaluate(
                     &self.model,
                     &eval.examples,
-                    eval.batch_size,
+                    eval.settings.batch_size,
                     self.config.attention,
                     self.comm.as_ref(),
                 )
@@ -270,7 +267,7 @@ impl Trainer {
 
     /// Whether an evaluation follows step `step` (1-based).
     fn evaluates_after(&self, step: usize) -> bool {
-        match self.eval.as_ref().map(|eval| eval.strategy) {
+        match self.eval.as_ref().map(|eval| eval.settings.strategy) {
             None => false,
             Some(EvalStrategy::Steps(every)) => step.is_multiple_of(every),
             Some(EvalStrategy::Epoch) => self.plan.steps()[step - 1].ends_epoch(),
@@ -279,12 +276,9 @@ impl Trainer {
 
     /// Whether the best model is tracked and loaded at the end.
     fn tracks_best_model(&self) -> bool {
-        self.eval.as_ref().is_some_and(|e| e.load_best_model_at_end)
-    }
-
-    /// The best model so far, with `load_best_model_at_end`.
-    pub fn best_model(&self) -> Option<&BestModel> {
-        self.best_model.as_ref()
+        self.eval
+            .as_ref()
+            .is_some_and(|e| e.settings.load_best_model_at_end)
     }
 
     /// Takes the model of this step, evaluated to `eval_loss`, as the best
@@ -457,6 +451,8 @@ impl Trainer {
         } else {
             self.load_best_model()
         };
+        // The last evaluation, before a resume too.
+        let eval_loss = self.log_history.iter().rev().find_map(|r| r.eval_loss);
         let runtime = started.elapsed().as_secs_f64().max(1e-9);
         let steps = self.global_step - first_step;
         let own_losses = &self.step_losses[first_step..];
@@ -473,13 +469,8 @@ impl Trainer {
             global_step: self.global_step,
             peak_memory_bytes: peak_memory_bytes(),
             interrupted,
-            // The last evaluation, before a resume too.
-            eval_loss: self.log_history.iter().rev().find_map(|r| r.eval_loss),
-            eval_perplexity: self
-                .log_history
-                .iter()
-                .rev()
-                .find_map(|r| r.eval_perplexity),
+            eval_loss,
+            eval_perplexity: eval_loss.map(f64::exp),
             best_model: self.best_model.clone(),
             best_model_loaded: matches!(best_loaded, Ok(true)),
         };

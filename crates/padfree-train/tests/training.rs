@@ -10,8 +10,8 @@ use padfree_pack::flatten;
 use padfree_train::checkpoint;
 use padfree_train::outputs::{self, prepare_output_dir};
 use padfree_train::{
-    AttentionMode, Batching, EvalSet, EvalStrategy, Observer, SaveStrategy, TrainConfig,
-    TrainError, Trainer, Warmup,
+    AttentionMode, Batching, EvalSet, EvalSettings, EvalStrategy, Observer, SaveStrategy,
+    TrainConfig, TrainError, Trainer, Warmup,
 };
 
 mod common;
@@ -365,9 +365,11 @@ fn gradient_checkpointing_leaves_results_bit_identical() {
 fn best_model_eval(load_best_model_at_end: bool) -> EvalSet {
     EvalSet {
         examples: examples(16, 128, 99),
-        strategy: EvalStrategy::Steps(2),
-        batch_size: 8,
-        load_best_model_at_end,
+        settings: EvalSettings {
+            strategy: EvalStrategy::Steps(2),
+            batch_size: 8,
+            load_best_model_at_end,
+        },
     }
 }
 
@@ -575,7 +577,10 @@ fn load_best_model_at_end_is_refused_where_the_best_could_not_be_loaded_back() {
         let dir = dir_guard.path().join(format!("{save:?}-{eval:?}"));
         let err = trainer(run, &dir)
             .with_eval(EvalSet {
-                strategy: eval,
+                settings: EvalSettings {
+                    strategy: eval,
+                    ..best_model_eval(true).settings
+                },
                 ..best_model_eval(true)
             })
             .expect_err("refused");

@@ -7,8 +7,8 @@ use anyhow::bail;
 use clap::ValueEnum;
 use padfree_data::{FieldNames, Overlong};
 use padfree_train::{
-    AttentionMode, BalanceBy, Batching, EvalStrategy, Multipack, Packer, SaveStrategy,
-    SchedulerKind, TrainConfig, Warmup,
+    AttentionMode, BalanceBy, Batching, EvalSettings, EvalStrategy, Multipack, Packer,
+    SaveStrategy, SchedulerKind, TrainConfig, Warmup,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -259,9 +259,7 @@ impl ModelSource {
 pub struct EvalJob {
     /// `None`: the shipped eval split (the built-in demo).
     pub data: Option<PathBuf>,
-    pub strategy: EvalStrategy,
-    pub batch_size: usize,
-    pub load_best_model_at_end: bool,
+    pub settings: EvalSettings,
 }
 
 /// A validated `padfree train` invocation.
@@ -427,23 +425,29 @@ impl TrainArgs {
                 "--eval-strategy needs held-out data\nHINT: give --eval-data FILE (the same format as --data)"
             );
         }
-        if self.eval_steps == Some(0) || self.per_device_eval_batch_size == 0 {
-            bail!("--eval-steps and --per-device-eval-batch-size must be at least 1");
+        if self.verify_packing && self.verify_packing_batches == 0 {
+            bail!("--verify-packing-batches must be at least 1");
         }
-        if self.load_best_model_at_end {
-            let Some(strategy) = eval_strategy else {
-                bail!(
-                    "--load-best-model-at-end needs evaluation\nHINT: give --eval-data FILE (and --eval-strategy steps or epoch)"
-                );
-            };
-            padfree_train::eval::check_best_model(strategy, train.save_strategy)?;
+        if self.load_best_model_at_end && eval_strategy.is_none() {
+            bail!(
+                "--load-best-model-at-end needs evaluation\nHINT: give --eval-data FILE (and --eval-strategy steps or epoch)"
+            );
         }
-        let eval = eval_strategy.map(|strategy| EvalJob {
-            data: self.eval_data.clone(),
-            strategy,
-            batch_size: self.per_device_eval_batch_size,
-            load_best_model_at_end: self.load_best_model_at_end,
-        });
+        let eval = eval_strategy
+            .map(|strategy| -> anyhow::Result<EvalJob> {
+                let settings = EvalSettings {
+                    strategy,
+                    batch_size: self.per_device_eval_batch_size,
+                    load_best_model_at_end: self.load_best_model_at_end,
+                };
+                // Before any model or data is loaded.
+                settings.validate(train.save_strategy)?;
+                Ok(EvalJob {
+                    data: self.eval_data.clone(),
+                    settings,
+                })
+            })
+            .transpose()?;
         Ok(TrainJob {
             embedded_default,
             model_given: self.model.is_some() || self.config.is_some(),
@@ -471,9 +475,7 @@ impl TrainArgs {
             },
             gradient_checkpointing: self.gradient_checkpointing,
             multipack_examples_per_bin,
-            verify_packing: self
-                .verify_packing
-                .then_some(self.verify_packing_batches.max(1)),
+            verify_packing: self.verify_packing.then_some(self.verify_packing_batches),
             eval,
             train,
         })

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
-    Record, TextTokenizer, TokenizeConfig, read_records, read_records_from_str, tokenize_records,
+    FieldNames, Record, SourceRecord, TextTokenizer, TokenizeConfig, read_records,
+    read_records_from_str, tokenize_records,
 };
 use padfree_model::check::Fault;
 use padfree_model::gguf::GgufFile;
@@ -173,6 +174,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         )?,
     };
     if let (Some(eval), Some(eval_dataset)) = (&job.eval, eval_dataset) {
+        let eval = eval.settings;
         say!(
             "evaluation: {} examples in batches of {}, {}{}",
             eval_dataset.examples.len(),
@@ -189,9 +191,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         );
         trainer = trainer.with_eval(EvalSet {
             examples: eval_dataset.examples,
-            strategy: eval.strategy,
-            batch_size: eval.batch_size,
-            load_best_model_at_end: eval.load_best_model_at_end,
+            settings: eval,
         })?;
     }
     if rank == 0 {
@@ -261,13 +261,11 @@ pub struct Loaded {
 
 /// Loads the model, tokenizer and data of `job`, printing what was loaded.
 pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
-    let (data_name, records) = match &job.data {
-        Some(path) => (path.clone(), read_records(path, &job.fields)?),
-        None => (
-            PathBuf::from(EMBEDDED_DATA_NAME),
-            read_records_from_str(Path::new(EMBEDDED_DATA_NAME), EMBEDDED_DATA, &job.fields)?,
-        ),
-    };
+    let (data_name, records) = read_data(
+        job.data.as_deref(),
+        (EMBEDDED_DATA_NAME, EMBEDDED_DATA),
+        &job.fields,
+    )?;
     // A preset's vocabulary grows to hold the tokenizer (the given one, else
     // the shipped one, unless the data is all token ids); it never shrinks,
     // so a preset keeps the size its benchmarks were measured at.
@@ -339,17 +337,11 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
     say!("data: {}: {}", data_name.display(), dataset.report);
     let eval_dataset = match &job.eval {
         Some(eval) => {
-            let (name, records) = match &eval.data {
-                Some(path) => (path.clone(), read_records(path, &job.fields)?),
-                None => (
-                    PathBuf::from(EMBEDDED_EVAL_DATA_NAME),
-                    read_records_from_str(
-                        Path::new(EMBEDDED_EVAL_DATA_NAME),
-                        EMBEDDED_EVAL_DATA,
-                        &job.fields,
-                    )?,
-                ),
-            };
+            let (name, records) = read_data(
+                eval.data.as_deref(),
+                (EMBEDDED_EVAL_DATA_NAME, EMBEDDED_EVAL_DATA),
+                &job.fields,
+            )?;
             let eval_dataset = tokenize_records(&name, &records, tokenizer.as_ref(), &tokenize)?;
             say!("eval data: {}: {}", name.display(), eval_dataset.report);
             Some(eval_dataset)
@@ -361,6 +353,22 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
         tokenizer,
         dataset,
         eval_dataset,
+    })
+}
+
+/// The records of `path`, or without one those of the shipped file
+/// `embedded` (its name and text), with the name they are reported under.
+fn read_data(
+    path: Option<&Path>,
+    (embedded_name, embedded_text): (&str, &str),
+    fields: &FieldNames,
+) -> anyhow::Result<(PathBuf, Vec<SourceRecord>)> {
+    Ok(match path {
+        Some(path) => (path.to_owned(), read_records(path, fields)?),
+        None => (
+            PathBuf::from(embedded_name),
+            read_records_from_str(Path::new(embedded_name), embedded_text, fields)?,
+        ),
     })
 }
 

@@ -487,12 +487,14 @@ mod tests {
             vec![config.hidden_size, config.intermediate_size]
         );
         let layers = config.num_hidden_layers;
+        // A Llama layer: two norms, four attention and three MLP matrices.
+        assert_eq!(layer_tensors(&config).len(), 9);
         assert_eq!(
-            specs[index::final_norm(layers, 9)].hf_name,
+            specs[index::final_norm(layers, layer_tensors(&config).len())].hf_name,
             "model.norm.weight"
         );
         assert_eq!(
-            specs[index::final_norm(layers, 9)].gguf_name,
+            specs[index::final_norm(layers, layer_tensors(&config).len())].gguf_name,
             "output_norm.weight"
         );
         assert_eq!(specs[index::EMBEDDING].gguf_name, "token_embd.weight");
@@ -503,7 +505,7 @@ mod tests {
         let mut config = LlamaConfig::tiny();
         config.tie_word_embeddings = false;
         let untied = param_specs(&config);
-        let head = &untied[index::lm_head(config.num_hidden_layers, 9)];
+        let head = &untied[index::lm_head(config.num_hidden_layers, layer_tensors(&config).len())];
         assert_eq!(head.hf_name, "lm_head.weight");
         assert_eq!(head.gguf_name, "output.weight");
         config.tie_word_embeddings = true;

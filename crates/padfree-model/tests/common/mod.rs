@@ -68,25 +68,28 @@ pub fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 
 /// An i64 tensor of a fixture, by name.
 pub fn ints(tensors: &SafeTensors<'_>, name: &str) -> Vec<i64> {
-    let view = tensors
-        .tensor(name)
-        .unwrap_or_else(|_| panic!("fixture lacks {name}"));
-    assert_eq!(view.dtype(), Dtype::I64, "{name}");
-    view.data()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
-        .collect()
+    fixture_tensor(tensors, name, Dtype::I64, i64::from_le_bytes)
 }
 
 /// An f32 tensor of a fixture, by name.
 pub fn floats(tensors: &SafeTensors<'_>, name: &str) -> Vec<f32> {
+    fixture_tensor(tensors, name, Dtype::F32, f32::from_le_bytes)
+}
+
+/// A fixture tensor of `dtype`, its little-endian `N`-byte elements decoded.
+fn fixture_tensor<T, const N: usize>(
+    tensors: &SafeTensors<'_>,
+    name: &str,
+    dtype: Dtype,
+    decode: fn([u8; N]) -> T,
+) -> Vec<T> {
     let view = tensors
         .tensor(name)
         .unwrap_or_else(|_| panic!("fixture lacks {name}"));
-    assert_eq!(view.dtype(), Dtype::F32, "{name}");
+    assert_eq!(view.dtype(), dtype, "{name}");
     view.data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .chunks_exact(N)
+        .map(|b| decode(b.try_into().expect("N bytes")))
         .collect()
 }
 
