@@ -271,8 +271,8 @@ fn save_total_limit_keeps_the_newest_checkpoints() {
         .filter(|name| name.starts_with("checkpoint-"))
         .collect();
     left.sort();
-    // Steps 1-3 were saved (4 is the final model); 1 was removed.
-    assert_eq!(left, ["checkpoint-2", "checkpoint-3"]);
+    // Steps 1-4 were saved (the last one too, as HF does); 1 and 2 were removed.
+    assert_eq!(left, ["checkpoint-3", "checkpoint-4"]);
 }
 
 #[test]

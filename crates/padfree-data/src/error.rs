@@ -5,14 +5,16 @@ use thiserror::Error;
 /// Everything reading or tokenizing a dataset can refuse.
 #[derive(Debug, Error)]
 pub enum DataError {
-    /// The file could not be read.
-    #[error("{path}: {source}\nHINT: check that --data names an existing, readable file")]
+    /// The file could not be read. (The reason is in the message, not
+    /// chained as a source: `anyhow`'s `{:#}` would print it twice.)
+    #[error("{path}: {err}\nHINT: {hint}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The operating system's reason.
-        #[source]
-        source: std::io::Error,
+        err: std::io::Error,
+        /// What to do.
+        hint: &'static str,
     },
     /// One record is malformed; `location` is `line N` or `element N`.
     #[error("{path}:{location}: {message}\nHINT: {hint}")]

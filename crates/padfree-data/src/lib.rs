@@ -19,8 +19,12 @@ mod template;
 mod tokenize;
 
 pub use error::DataError;
-pub use records::{FieldNames, Message, Record, SourceRecord, read_records, read_records_from_str};
+pub use records::{
+    FieldNames, Message, Record, SourceRecord, UnusedField, read_records, read_records_from_str,
+    template_fields, unused_text_fields,
+};
 pub use template::{CHATML_TEMPLATE, ChatTemplate};
 pub use tokenize::{
-    DataReport, Overlong, TextTokenizer, TokenizeConfig, TokenizedDataset, tokenize_records,
+    DataReport, Overlong, TextTokenizer, TokenizeConfig, TokenizedDataset, TokenizerDifference,
+    tokenize_records,
 };

@@ -68,6 +68,41 @@ pub struct SourceRecord {
     pub location: String,
     /// The record.
     pub record: Record,
+    /// Fields of the record that hold text (a string with a space in it)
+    /// but that its shape does not use: what a run would silently not
+    /// train on (ASDiv's `passage` beside `question` and `answer`).
+    /// Pre-tokenized records name none (their text is in the ids).
+    pub unused_text_fields: Vec<String>,
+}
+
+/// A field that records hold text in but that is not trained on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnusedField {
+    /// Its name.
+    pub name: String,
+    /// How many records hold text in it.
+    pub records: usize,
+    /// Where the first of them is (`line 1`).
+    pub first: String,
+}
+
+/// Every text field that some records hold but none is trained on, in the
+/// order first met.
+pub fn unused_text_fields(records: &[SourceRecord]) -> Vec<UnusedField> {
+    let mut fields: Vec<UnusedField> = Vec::new();
+    for record in records {
+        for name in &record.unused_text_fields {
+            match fields.iter_mut().find(|f| &f.name == name) {
+                Some(field) => field.records += 1,
+                None => fields.push(UnusedField {
+                    name: name.clone(),
+                    records: 1,
+                    first: record.location.clone(),
+                }),
+            }
+        }
+    }
+    fields
 }
 
 /// Field names that override the automatic recognition of record shapes.
@@ -82,6 +117,11 @@ pub struct FieldNames {
     /// When set, every record is raw text in this field; unset, a record
     /// whose only known field is `text` is raw text.
     pub text: Option<String>,
+    /// When set (with `completion`), every record is prompt/completion with
+    /// the prompt made from this template: `{field}` stands for the
+    /// record's field (a string or a number), `{{` and `}}` for braces,
+    /// `\n` for a newline.
+    pub prompt_template: Option<String>,
 }
 
 impl FieldNames {
@@ -109,9 +149,10 @@ pub const MAX_RECORD_BYTES: usize = 64 << 20;
 
 fn read_bounded(path: &Path) -> Result<Vec<u8>, DataError> {
     use std::io::Read;
-    let io = |source| DataError::Io {
+    let io = |err| DataError::Io {
         path: path.to_owned(),
-        source,
+        err,
+        hint: "give an existing, readable JSONL or JSON file",
     };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let mut bytes = Vec::new();
@@ -213,8 +254,13 @@ fn read_jsonl(
                 "every line of a JSONL file must be one complete JSON object",
             )
         })?;
-        let record = record_from_value(value, fields).map_err(|(m, h)| fail(m, &h))?;
-        records.push(SourceRecord { location, record });
+        let (record, unused_text_fields) =
+            record_from_value(value, fields).map_err(|(m, h)| fail(m, &h))?;
+        records.push(SourceRecord {
+            location,
+            record,
+            unused_text_fields,
+        });
     }
     Ok(records)
 }
@@ -250,9 +296,13 @@ fn read_json_array(
         .enumerate()
         .map(|(index, value)| {
             let location = format!("element {index}");
-            let record = record_from_value(value, fields)
+            let (record, unused_text_fields) = record_from_value(value, fields)
                 .map_err(|(m, h)| record_error(path, &location, m, &h))?;
-            Ok(SourceRecord { location, record })
+            Ok(SourceRecord {
+                location,
+                record,
+                unused_text_fields,
+            })
         })
         .collect()
 }
@@ -268,15 +318,177 @@ fn record_error(path: &Path, location: &str, message: String, hint: &str) -> Dat
 
 type Refusal = (String, String);
 
-const SHAPES_HINT: &str = "records must be {prompt, completion}, {question, answer}, {instruction, input, output}, {messages: [{role, content}]}, {text} or {input_ids, labels}; name other fields with --prompt-field/--completion-field/--messages-field/--dataset-text-field";
+const SHAPES_HINT: &str = "records must be {prompt, completion}, {question, answer}, {instruction, input, output}, {messages: [{role, content}]}, {text} or {input_ids, labels}; name other fields with --prompt-field/--completion-field/--messages-field/--dataset-text-field, or build the prompt from several with --prompt-template";
 
-fn record_from_value(value: Value, fields: &FieldNames) -> Result<Record, Refusal> {
+/// The record, and the text fields it holds that its shape leaves unused.
+fn record_from_value(value: Value, fields: &FieldNames) -> Result<(Record, Vec<String>), Refusal> {
     let Value::Object(object) = value else {
         return Err((
             format!("expected a JSON object, found {}", json_kind(&value)),
             SHAPES_HINT.into(),
         ));
     };
+    let record = record_from_object(&object, fields)?;
+    let used: Vec<String> = match &record {
+        Record::Tokenized { .. } => return Ok((record, Vec::new())),
+        _ => used_fields(&object, fields),
+    };
+    let unused = object
+        .iter()
+        .filter(|(name, value)| {
+            !used.contains(name)
+                && matches!(value, Value::String(text) if text.trim().contains(char::is_whitespace))
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    Ok((record, unused))
+}
+
+/// The fields the shape of `object`'s record reads (the rule of
+/// [`record_from_object`], whose shape it was).
+fn used_fields(object: &Map<String, Value>, fields: &FieldNames) -> Vec<String> {
+    let names = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    if let (Some(template), Some(completion)) = (&fields.prompt_template, &fields.completion) {
+        let mut used = template_fields(template).unwrap_or_default();
+        used.push(completion.clone());
+        return used;
+    }
+    if let (Some(prompt), Some(completion)) = (&fields.prompt, &fields.completion) {
+        return vec![prompt.clone(), completion.clone()];
+    }
+    if let Some(field) = &fields.text {
+        return vec![field.clone()];
+    }
+    let has = |name: &str| object.contains_key(name);
+    if has(fields.messages()) {
+        vec![fields.messages().to_owned()]
+    } else if has("instruction") || has("output") {
+        names(&["instruction", "input", "output"])
+    } else if has("question") || has("answer") {
+        names(&["question", "answer"])
+    } else if has("prompt") || has("completion") {
+        names(&["prompt", "completion"])
+    } else {
+        names(&["text"])
+    }
+}
+
+/// The pieces of a `--prompt-template`: literal text and field names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Field(String),
+}
+
+/// Parses a template: `{name}` is a field, `{{` and `}}` are braces, `\n`
+/// and `\t` a newline and a tab, `\\` a backslash.
+fn template_pieces(template: &str) -> Result<Vec<Piece>, String> {
+    let mut pieces = Vec::new();
+    let mut text = String::new();
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') => {
+                chars.next();
+                text.push('{');
+            }
+            '}' if chars.peek() == Some(&'}') => {
+                chars.next();
+                text.push('}');
+            }
+            '{' => {
+                let mut name = String::new();
+                let mut closed = false;
+                for c in chars.by_ref() {
+                    if c == '}' {
+                        closed = true;
+                        break;
+                    }
+                    name.push(c);
+                }
+                if !closed {
+                    return Err(format!("`{{{name}` is not closed: write {{field}}"));
+                }
+                if name.is_empty() || name.contains('{') {
+                    return Err(format!(
+                        "`{{{name}` is not a field: write {{field}}, or {{{{ for a brace"
+                    ));
+                }
+                if !text.is_empty() {
+                    pieces.push(Piece::Text(std::mem::take(&mut text)));
+                }
+                pieces.push(Piece::Field(name));
+            }
+            '}' => return Err("a lone `}`: write }} for a brace".into()),
+            // A template comes from a shell, where a newline is awkward to type.
+            '\\' => match chars.next() {
+                Some('n') => text.push('\n'),
+                Some('t') => text.push('\t'),
+                Some('\\') => text.push('\\'),
+                Some(other) => {
+                    text.push('\\');
+                    text.push(other);
+                }
+                None => text.push('\\'),
+            },
+            c => text.push(c),
+        }
+    }
+    if !text.is_empty() {
+        pieces.push(Piece::Text(text));
+    }
+    if !pieces.iter().any(|p| matches!(p, Piece::Field(_))) {
+        return Err("it names no field: write {field} where a record's field goes".into());
+    }
+    Ok(pieces)
+}
+
+/// The fields a template names, or why it is not one.
+pub fn template_fields(template: &str) -> Result<Vec<String>, String> {
+    Ok(template_pieces(template)?
+        .into_iter()
+        .filter_map(|piece| match piece {
+            Piece::Field(name) => Some(name),
+            Piece::Text(_) => None,
+        })
+        .collect())
+}
+
+/// `template` with every `{field}` replaced by the record's value.
+fn render_template(object: &Map<String, Value>, template: &str) -> Result<String, Refusal> {
+    let pieces = template_pieces(template)
+        .map_err(|m| (format!("--prompt-template: {m}"), SHAPES_HINT.to_owned()))?;
+    let mut out = String::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(text) => out.push_str(&text),
+            Piece::Field(name) => match object.get(&name) {
+                Some(Value::Number(number)) => out.push_str(&number.to_string()),
+                _ => out.push_str(&string_field(object, &name).map_err(|(m, _)| {
+                    (
+                        format!("--prompt-template: {m}"),
+                        "every field the template names must be a string or a number in every record".to_owned(),
+                    )
+                })?),
+            },
+        }
+    }
+    if out.trim().is_empty() {
+        return Err((
+            "--prompt-template renders an empty prompt".into(),
+            "remove the record or fill its fields".into(),
+        ));
+    }
+    Ok(out)
+}
+
+fn record_from_object(object: &Map<String, Value>, fields: &FieldNames) -> Result<Record, Refusal> {
+    if let (Some(template), Some(completion)) = (&fields.prompt_template, &fields.completion) {
+        return Ok(Record::PromptCompletion {
+            prompt: render_template(object, template)?,
+            completion: text_field(&object, completion)?,
+        });
+    }
     if let (Some(prompt), Some(completion)) = (&fields.prompt, &fields.completion) {
         return Ok(Record::PromptCompletion {
             prompt: text_field(&object, prompt)?,

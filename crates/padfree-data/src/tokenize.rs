@@ -31,9 +31,10 @@ impl TextTokenizer {
     /// Reads `tokenizer.json`, and `tokenizer_config.json` beside it when present
     /// (EOS/BOS tokens and `chat_template`).
     pub fn from_file(path: &Path) -> Result<Self, DataError> {
-        let tokenizer_json = std::fs::read(path).map_err(|source| DataError::Io {
+        let tokenizer_json = std::fs::read(path).map_err(|err| DataError::Io {
             path: path.to_owned(),
-            source,
+            err,
+            hint: "give an existing, readable tokenizer.json (--tokenizer)",
         })?;
         let config_path = path.with_file_name("tokenizer_config.json");
         let config_json = match std::fs::read_to_string(&config_path) {
@@ -42,7 +43,8 @@ impl TextTokenizer {
             Err(err) => {
                 return Err(DataError::Io {
                     path: config_path,
-                    source: err,
+                    err,
+                    hint: "make tokenizer_config.json readable, or remove it",
                 });
             }
         };
@@ -167,6 +169,27 @@ impl TextTokenizer {
         self.tokenizer
             .decode(ids, false)
             .map_err(|err| format!("decoding failed: {err}"))
+    }
+
+    /// How this tokenizer's ids differ from `other`'s (a model's own):
+    /// ids of both whose token strings differ, and the first of them.
+    pub fn differences_from(&self, other: &TextTokenizer) -> TokenizerDifference {
+        let shared = self.vocab_size().min(other.vocab_size()) as u32;
+        let token = |t: &Tokenizer, id| t.id_to_token(id).unwrap_or_default();
+        let mut differing = 0;
+        let mut first = None;
+        for id in 0..shared {
+            let (ours, theirs) = (token(&self.tokenizer, id), token(&other.tokenizer, id));
+            if ours != theirs {
+                differing += 1;
+                first.get_or_insert((id, ours, theirs));
+            }
+        }
+        TokenizerDifference {
+            sizes: (self.vocab_size(), other.vocab_size()),
+            differing,
+            first,
+        }
     }
 
     /// `tokenizer.json` and `tokenizer_config.json` as they belong in a model
@@ -304,6 +327,25 @@ impl fmt::Display for DataReport {
     }
 }
 
+/// How two tokenizers' ids differ ([`TextTokenizer::differences_from`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizerDifference {
+    /// Vocabulary sizes: this one's, the other's.
+    pub sizes: (usize, usize),
+    /// Ids both have whose token strings differ.
+    pub differing: usize,
+    /// The first such id, with this one's and the other's token.
+    pub first: Option<(u32, String, String)>,
+}
+
+impl TokenizerDifference {
+    /// Whether ids mean other tokens: a tokenizer that only adds tokens
+    /// past the other's vocabulary agrees.
+    pub fn disagrees(&self) -> bool {
+        self.differing > 0
+    }
+}
+
 /// Tokenizes every record. `tokenizer` may be `None` only when every record
 /// is pre-tokenized.
 pub fn tokenize_records(
@@ -319,6 +361,9 @@ pub fn tokenize_records(
     };
     let mut examples = Vec::with_capacity(records.len());
     let mut locations = Vec::with_capacity(records.len());
+    // Examples dropped for having one token: nothing precedes it to
+    // predict it from.
+    let mut single_tokens = 0;
     for source in records {
         let fail = |message: String, hint: &str| DataError::Record {
             path: path.to_owned(),
@@ -385,6 +430,7 @@ pub fn tokenize_records(
             .map_err(|err| fail(err.to_string(), "check the record"))?;
         if example.num_loss_tokens() == 0 {
             report.dropped_no_labels += 1;
+            single_tokens += usize::from(example.len() == 1);
             continue;
         }
         report.tokens += example.len();
@@ -396,12 +442,20 @@ pub fn tokenize_records(
         return Err(DataError::File {
             path: path.to_owned(),
             message: format!("no example left after tokenization ({report})"),
-            hint: if report.dropped_overlong + report.truncated > 0 {
-                "raise --max-seq-len or use --overlong truncate"
+            hint: if report.dropped_overlong > 0 {
+                "raise --max-seq-len, or keep the first --max-seq-len tokens of longer examples with --overlong truncate".to_owned()
+            } else if single_tokens == report.dropped_no_labels {
+                "every example is a single token: a token is learned from the ones before it, so the first token of an example never carries loss and an example needs at least 2 tokens; join short records or give longer ones".to_owned()
+            } else if report.truncated > 0 {
+                format!(
+                    "cut to --max-seq-len {} tokens, no example keeps a token with loss (prompts are longer than that?): raise --max-seq-len",
+                    config.max_seq_len
+                )
+            } else if config.train_on_inputs {
+                "no record has a token to learn from (every label is -100): check the labels of pre-tokenized records".to_owned()
             } else {
-                "no record has a token to learn from (every label is -100): check that the completion field is not empty, or pass --train-on-inputs"
-            }
-            .into(),
+                "no record has a token to learn from (every label is -100): check that the completion field is not empty, or pass --train-on-inputs".to_owned()
+            },
         });
     }
     let mut lengths: Vec<usize> = examples.iter().map(Example::len).collect();

@@ -73,8 +73,7 @@ fn every_record_shape_is_recognised() {
     let renamed = FieldNames {
         prompt: Some("src".into()),
         completion: Some("tgt".into()),
-        messages: None,
-        text: None,
+        ..FieldNames::default()
     };
     let records = read_records_from_str(
         Path::new("d.jsonl"),
@@ -345,4 +344,135 @@ fn text_records_put_the_loss_on_every_token() {
         .expect_err("no content field")
         .to_string();
     assert!(message.contains("field `content` is missing"), "{message}");
+}
+
+/// ASDiv's shape: `passage` beside `question` and `answer`.
+const ASDIV: &str = r#"{"passage": "Ann has 3 apples and buys 2 more.", "question": "How many apples?", "answer": "5", "id": "nluds-0001", "grade": 1}
+{"passage": "Bob had 7 pens. He gave 4 away.", "question": "How many are left?", "answer": "3", "id": "nluds-0002", "grade": 2}
+"#;
+
+#[test]
+fn text_fields_a_record_shape_does_not_use_are_named() {
+    let records = parse(ASDIV).expect("question/answer records");
+    assert!(matches!(records[0].record, Record::QuestionAnswer { .. }));
+    // `id` (no space) and `grade` (a number) are metadata, not text.
+    assert_eq!(records[0].unused_text_fields, ["passage"]);
+    let unused = padfree_data::unused_text_fields(&records);
+    assert_eq!(
+        unused,
+        [padfree_data::UnusedField {
+            name: "passage".into(),
+            records: 2,
+            first: "line 1".into(),
+        }]
+    );
+    // Every shape uses what it reads: nothing named for records without extras.
+    let plain = parse(
+        r#"{"prompt": "a b", "completion": "c d"}
+{"instruction": "a b", "input": "c d", "output": "e f"}
+{"messages": [{"role": "user", "content": "u v"}, {"role": "assistant", "content": "a b"}]}
+{"input_ids": [1, 2], "text": "the text it came from"}
+"#,
+    )
+    .expect("parses");
+    assert!(padfree_data::unused_text_fields(&plain).is_empty());
+}
+
+#[test]
+fn a_prompt_template_builds_the_prompt_from_several_fields() {
+    let fields = FieldNames {
+        prompt_template: Some(r"{passage}\n{question} (grade {grade}) {{x}}".into()),
+        completion: Some("answer".into()),
+        ..FieldNames::default()
+    };
+    let records = read_records_from_str(Path::new("asdiv.jsonl"), ASDIV, &fields).expect("reads");
+    assert_eq!(
+        records[1].record,
+        Record::PromptCompletion {
+            prompt: "Bob had 7 pens. He gave 4 away.\nHow many are left? (grade 2) {x}".into(),
+            completion: "3".into(),
+        }
+    );
+    assert!(records[1].unused_text_fields.is_empty());
+    // A field the template names that a record lacks: file, line, field.
+    let err = read_records_from_str(
+        Path::new("asdiv.jsonl"),
+        "{\"question\": \"q\", \"answer\": \"a\"}\n",
+        &fields,
+    )
+    .expect_err("no passage")
+    .to_string();
+    assert!(
+        err.starts_with("asdiv.jsonl:line 1: --prompt-template: field `passage` is missing"),
+        "{err}"
+    );
+    for (bad, why) in [
+        ("{passage", "is not closed"),
+        ("no fields", "names no field"),
+        ("a } b {x}", "a lone `}`"),
+        ("{}", "is not a field"),
+    ] {
+        let message = padfree_data::template_fields(bad).expect_err(bad);
+        assert!(message.contains(why), "{bad}: {message}");
+    }
+}
+
+#[test]
+fn one_token_examples_are_refused_with_a_hint_that_fits() {
+    let tokenizer = shipped_tokenizer();
+    let records = parse("{\"input_ids\": [5]}\n{\"input_ids\": [7]}\n").expect("parses");
+    for train_on_inputs in [false, true] {
+        let config = TokenizeConfig {
+            train_on_inputs,
+            ..config(2048, Overlong::Truncate)
+        };
+        let err = tokenize_records(Path::new("d"), &records, Some(&tokenizer), &config)
+            .expect_err("no label")
+            .to_string();
+        assert!(err.contains("every example is a single token"), "{err}");
+        assert!(!err.contains("--train-on-inputs"), "{err}");
+    }
+    // Cut so short that no response token is left: raise --max-seq-len, not
+    // the --overlong default.
+    let long = parse(r#"{"prompt": "a long prompt of many words here", "completion": "yes"}"#)
+        .expect("parses");
+    let err = tokenize_records(
+        Path::new("d"),
+        &long,
+        Some(&tokenizer),
+        &config(3, Overlong::Truncate),
+    )
+    .expect_err("nothing left")
+    .to_string();
+    assert!(err.contains("raise --max-seq-len"), "{err}");
+    assert!(!err.contains("--overlong truncate"), "{err}");
+}
+
+#[test]
+fn tokenizers_are_compared_id_by_id() {
+    let shipped = shipped_tokenizer();
+    let same = shipped.differences_from(&shipped);
+    assert!(!same.disagrees());
+    assert_eq!(same.sizes, (shipped.vocab_size(), shipped.vocab_size()));
+    // A tokenizer whose ids mean other tokens: its vocabulary reversed.
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/gsm-symbolic/tokenizer.json"),
+        )
+        .expect("reads"),
+    )
+    .expect("json");
+    let mut other = json.clone();
+    let vocab = other["model"]["vocab"]
+        .as_object_mut()
+        .expect("a vocab map");
+    let size = vocab.len() as u64;
+    for id in vocab.values_mut() {
+        *id = serde_json::json!(size - 1 - id.as_u64().expect("ids"));
+    }
+    let other =
+        TextTokenizer::from_bytes("reversed", other.to_string().as_bytes(), None).expect("loads");
+    let difference = other.differences_from(&shipped);
+    assert!(difference.disagrees());
+    assert!(difference.differing > 1000, "{difference:?}");
 }

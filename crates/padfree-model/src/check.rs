@@ -87,6 +87,10 @@ pub struct Comparison {
     /// Where the worst difference relative to its bound is: an example or
     /// a parameter.
     pub worst: String,
+    /// Why the comparison could not be made on this batch (a batch of one
+    /// example has no other example to keep apart); it then neither passes
+    /// nor fails, and the report says what was not tested.
+    pub not_run: Option<&'static str>,
 }
 
 impl Comparison {
@@ -99,8 +103,12 @@ impl Comparison {
         }
     }
 
-    /// Whether the difference is on the right side of its bound.
+    /// Whether the difference is on the right side of its bound (true for a
+    /// comparison that was not run: it found nothing wrong).
     pub fn passed(&self) -> bool {
+        if self.not_run.is_some() {
+            return true;
+        }
         if self.at_least {
             self.max_abs > self.bound
         } else {
@@ -150,6 +158,17 @@ pub struct BatchCheck {
     pub mismatch: Option<Mismatch>,
 }
 
+impl BatchCheck {
+    /// Whether the batch tested that examples are kept apart (it holds at
+    /// least two).
+    pub fn tested_isolation(&self) -> bool {
+        self.rows.iter().all(|row| row.not_run.is_none())
+    }
+}
+
+/// Why the isolation rows do not run on a batch of one example.
+pub const ONE_EXAMPLE: &str = "a batch of one example has no other example to keep apart";
+
 /// Checks one batch of `examples` on `model`, which must live on an autodiff
 /// device (gradients are compared).
 pub fn check_batch(
@@ -158,7 +177,7 @@ pub fn check_batch(
     tolerances: &Tolerances,
     fault: Fault,
 ) -> Result<BatchCheck, ModelError> {
-    let pack_error = |what| move |source| ModelError::Pack { what, source };
+    let pack_error = |what| move |cause| ModelError::Pack { what, cause };
     let flat = flatten_with(examples, fault).map_err(pack_error("the flattened batch"))?;
     let padded = pad(examples, 0, None).map_err(pack_error("the padded batch"))?;
     let vocab = model.config().vocab_size;
@@ -172,10 +191,13 @@ pub fn check_batch(
         })
         .collect();
     let seq_len = padded.seq_len();
+    // The logits need no backward pass: off the graph, so their forward
+    // passes keep no activations.
+    let plain = model.without_autodiff();
 
     // Logits, `[T, V]` and `[B * L, V]`, then each example alone.
-    let flat_logits = model.forward(&ModelInput::Varlen(&flat))?.into_vec();
-    let padded_logits = model.forward(&ModelInput::Padded(&padded))?.into_vec();
+    let flat_logits = plain.forward(&ModelInput::Varlen(&flat))?.into_vec();
+    let padded_logits = plain.forward(&ModelInput::Padded(&padded))?.into_vec();
     let flat_rows = |logits: &[f32], e: usize| -> Vec<f32> {
         logits[starts[e] * vocab..(starts[e] + lengths[e]) * vocab].to_vec()
     };
@@ -183,7 +205,7 @@ pub fn check_batch(
     let mut single_vs_flat = Worst::new("logits: one-at-a-time vs padding-free");
     for (e, example) in examples.iter().enumerate() {
         let alone = alone(example)?;
-        let single = model.forward(&ModelInput::Varlen(&alone))?.into_vec();
+        let single = plain.forward(&ModelInput::Varlen(&alone))?.into_vec();
         let ours = flat_rows(&flat_logits, e);
         let theirs = &padded_logits[e * seq_len * vocab..(e * seq_len + lengths[e]) * vocab];
         let scale = max_abs(&single);
@@ -199,10 +221,13 @@ pub fn check_batch(
     let mut ids = first.input_ids().to_vec();
     ids[0] = (ids[0] + 1) % vocab as u32;
     perturbed[0] = Example::new(ids, first.labels().to_vec()).map_err(|source| {
-        pack_error("the perturbed example")(PackError::InvalidExample { index: 0, source })
+        pack_error("the perturbed example")(PackError::InvalidExample {
+            index: 0,
+            cause: source,
+        })
     })?;
     let moved_flat = flatten_with(&perturbed, fault).map_err(pack_error("the perturbed batch"))?;
-    let moved_logits = model.forward(&ModelInput::Varlen(&moved_flat))?.into_vec();
+    let moved_logits = plain.forward(&ModelInput::Varlen(&moved_flat))?.into_vec();
     let mut others = Worst::new("perturbing example 0: other examples' logits");
     for e in 1..examples.len() {
         let before = flat_rows(&flat_logits, e);
@@ -246,6 +271,7 @@ pub fn check_batch(
             bound: tolerances.loss_rtol * scale,
             at_least: false,
             worst: "the batch".to_owned(),
+            not_run: None,
         }
     };
     let names: Vec<String> = model.params().iter().map(|p| p.name().to_owned()).collect();
@@ -259,10 +285,14 @@ pub fn check_batch(
         worst.row
     };
 
+    let isolation = (examples.len() < 2).then_some(ONE_EXAMPLE);
     let rows = vec![
         padded_vs_flat.row,
         single_vs_flat.row,
-        others.row,
+        Comparison {
+            not_run: isolation,
+            ..others.row
+        },
         Comparison {
             quantity: "perturbing example 0: its own logits move".to_owned(),
             max_abs: moved0,
@@ -272,6 +302,7 @@ pub fn check_batch(
             bound: tolerances.logits_rtol * scale0,
             at_least: true,
             worst: "example 0".to_owned(),
+            not_run: isolation,
         },
         loss_row("loss (sum): padded vs padding-free", padded_loss),
         loss_row("loss (sum): one-at-a-time vs padding-free", single_loss),
@@ -287,7 +318,7 @@ pub fn check_batch(
                 "the output: changing its first token moved its own logits by only {moved0:e}, so the perturbation test says nothing"
             ),
         }),
-        Some(row) => Some(trace(model, examples, &flat, row, tolerances, &starts)?),
+        Some(row) => Some(trace(&plain, examples, &flat, row, tolerances, &starts)?),
         None => None,
     };
     Ok(BatchCheck {
@@ -304,7 +335,7 @@ pub fn check_batch(
 fn alone(example: &Example) -> Result<PackedBatch, ModelError> {
     flatten(std::slice::from_ref(example)).map_err(|source| ModelError::Pack {
         what: "one example",
-        source,
+        cause: source,
     })
 }
 
@@ -321,7 +352,10 @@ fn flatten_with(examples: &[Example], fault: Fault) -> Result<PackedBatch, PackE
                     .collect(),
                 examples.iter().flat_map(|e| e.labels()).copied().collect(),
             )
-            .map_err(|source| PackError::InvalidExample { index: 0, source })?;
+            .map_err(|source| PackError::InvalidExample {
+                index: 0,
+                cause: source,
+            })?;
             flatten(&[joined])
         }
     }
@@ -439,6 +473,7 @@ impl Worst {
                 bound: f32::INFINITY,
                 at_least: false,
                 worst: "-".to_owned(),
+                not_run: None,
             },
             ratio: -1.0,
         }

@@ -11,14 +11,14 @@ pub enum ModelError {
         "{0}\nHINT: padfree's fused kernels run on the Flex CPU backend in f32; load the model on `tensor::cpu_device`"
     )]
     UnsupportedTensor(String),
-    /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    /// A file could not be read or written. (The reason is in the message,
+    /// not chained as a source: `anyhow`'s `{:#}` would print it twice.)
+    #[error("{path}: {err}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The operating system's reason.
-        #[source]
-        source: std::io::Error,
+        err: std::io::Error,
     },
     /// `config.json` is not valid JSON or lacks a field.
     #[error(
@@ -75,13 +75,13 @@ pub enum ModelError {
         vocab_size: usize,
     },
     /// A batch the collator's checks refuse, with the step that met it.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     Pack {
         /// What was being derived (e.g. `position_ids`, `padded rows`).
         what: &'static str,
-        /// The collator's own error, kept typed.
-        #[source]
-        source: padfree_pack::PackError,
+        /// The collator's own error, kept typed (in the message, not chained,
+        /// so `{:#}` prints it once).
+        cause: padfree_pack::PackError,
     },
     /// A sequence longer than a sliding-window model attends over.
     #[error(
@@ -106,10 +106,10 @@ pub enum ModelError {
 }
 
 impl ModelError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            err,
         }
     }
 }

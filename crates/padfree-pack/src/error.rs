@@ -34,13 +34,13 @@ pub enum ExampleError {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PackError {
     /// An example of the input failed validation.
-    #[error("example {index}: {source}")]
+    #[error("example {index}: {cause}")]
     InvalidExample {
         /// Index of the example in the input.
         index: usize,
-        /// What is wrong with it.
-        #[source]
-        source: ExampleError,
+        /// What is wrong with it (in the message, not chained, so `{:#}`
+        /// prints it once).
+        cause: ExampleError,
     },
     /// A batch with no examples.
     #[error(

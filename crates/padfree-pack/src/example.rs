@@ -87,8 +87,10 @@ where
     raw.into_iter()
         .enumerate()
         .map(|(index, (input_ids, labels))| {
-            Example::new(input_ids, labels)
-                .map_err(|source| PackError::InvalidExample { index, source })
+            Example::new(input_ids, labels).map_err(|source| PackError::InvalidExample {
+                index,
+                cause: source,
+            })
         })
         .collect()
 }
@@ -132,7 +134,7 @@ mod tests {
             err,
             PackError::InvalidExample {
                 index: 1,
-                source: ExampleError::Empty
+                cause: ExampleError::Empty
             }
         );
         assert!(err.to_string().starts_with("example 1: input_ids is empty"));

@@ -116,9 +116,11 @@ fn write_through(
     let record = Integrity::of_dir(&temp_dir, snapshot.state.global_step)?;
     std::fs::write(temp_dir.join(INTEGRITY_FILE), to_json(&record))
         .map_err(|err| TrainError::io(temp_dir.join(INTEGRITY_FILE), err))?;
-    if final_dir.exists() {
+    if final_dir.is_dir() {
         // A checkpoint of the same step from an earlier, interrupted run.
         std::fs::remove_dir_all(&final_dir).map_err(|err| TrainError::io(&final_dir, err))?;
+    } else if final_dir.symlink_metadata().is_ok() {
+        return Err(in_the_way(&final_dir));
     }
     std::fs::rename(&temp_dir, &final_dir).map_err(|err| TrainError::io(&final_dir, err))?;
     Ok(final_dir)
@@ -256,6 +258,56 @@ pub fn read_optimizer(
     Ok(())
 }
 
+/// An entry named like a checkpoint that is not a directory.
+fn in_the_way(path: &Path) -> TrainError {
+    TrainError::Checkpoint {
+        path: path.to_owned(),
+        message:
+            "is a file, not a checkpoint directory: it is in the way of the checkpoint of that step"
+                .into(),
+        hint: format!(
+            "move or rename {} (padfree writes checkpoint-N directories there), then run again",
+            path.display()
+        ),
+    }
+}
+
+/// Refuses an output directory holding a `checkpoint-N` entry that is not
+/// a directory: found before training, not when that step saves.
+pub fn check_nothing_in_the_way(output_dir: &Path) -> Result<(), TrainError> {
+    for step in checkpoint_steps(output_dir) {
+        let path = checkpoint_dir(output_dir, step);
+        if !path.is_dir() {
+            return Err(in_the_way(&path));
+        }
+    }
+    Ok(())
+}
+
+/// The run a checkpoint belongs to (its trainer state's `run_id`; empty for
+/// checkpoints written before runs had one), `None` if unreadable.
+pub fn run_id_of(dir: &Path) -> Option<String> {
+    #[derive(Deserialize)]
+    struct RunOnly {
+        #[serde(default)]
+        run_id: String,
+    }
+    let text = std::fs::read_to_string(dir.join(STATE_FILE)).ok()?;
+    serde_json::from_str::<RunOnly>(&text)
+        .ok()
+        .map(|state| state.run_id)
+}
+
+/// The checkpoints in `output_dir` that belong to another run than
+/// `run_id` (an older run's, left there with `--overwrite-output-dir`).
+pub fn other_runs_checkpoints(output_dir: &Path, run_id: &str) -> Vec<PathBuf> {
+    checkpoint_steps(output_dir)
+        .into_iter()
+        .map(|step| checkpoint_dir(output_dir, step))
+        .filter(|dir| is_checkpoint(dir) && run_id_of(dir).as_deref() != Some(run_id))
+        .collect()
+}
+
 fn checkpoint_name(step: usize) -> String {
     format!("checkpoint-{step}")
 }
@@ -284,24 +336,27 @@ fn checkpoint_steps(dir: &Path) -> Vec<usize> {
     steps
 }
 
-/// Removes the oldest checkpoints of `output_dir` beyond `limit` (HF
-/// `save_total_limit`) and returns them. `keep` (the best model's
-/// checkpoint) is never removed and counts towards the limit, but the newest
-/// is kept too, so a limit of 1 can leave two, as in HF. Only padfree
-/// checkpoints are counted; each is renamed to a temporary name before it
-/// is deleted, so an interruption leaves no half-deleted checkpoint that
-/// looks whole (temporaries are cleared at the next start).
+/// Removes the oldest checkpoints of run `run_id` in `output_dir` beyond
+/// `limit` (HF `save_total_limit`) and returns them. `keep` (the best
+/// model's checkpoint) is never removed and counts towards the limit, but
+/// the newest is kept too, so a limit of 1 can leave two, as in HF. Only
+/// padfree checkpoints of this run are counted: another run's, left in the
+/// directory, are neither counted nor removed. Each is renamed to a
+/// temporary name before it is deleted, so an interruption leaves no
+/// half-deleted checkpoint that looks whole (temporaries are cleared at the
+/// next start).
 pub fn remove_old_checkpoints(
     output_dir: &Path,
     limit: usize,
     keep: Option<&Path>,
+    run_id: &str,
 ) -> Result<Vec<PathBuf>, TrainError> {
     let keep = keep.and_then(|dir| dir.canonicalize().ok());
     let dirs: Vec<(PathBuf, bool)> = checkpoint_steps(output_dir)
         .into_iter()
         .rev()
         .map(|step| checkpoint_dir(output_dir, step))
-        .filter(|dir| is_checkpoint(dir))
+        .filter(|dir| is_checkpoint(dir) && run_id_of(dir).as_deref() == Some(run_id))
         .map(|dir| {
             let kept = keep.is_some() && dir.canonicalize().ok() == keep;
             (dir, kept)
@@ -564,8 +619,8 @@ mod tests {
         for (limit, best, kept) in cases {
             let dir = run_dir(&[2, 4, 6, 8, 10]);
             let best_dir = best.map(|step| checkpoint_dir(dir.path(), step));
-            let removed =
-                remove_old_checkpoints(dir.path(), limit, best_dir.as_deref()).expect("removes");
+            let removed = remove_old_checkpoints(dir.path(), limit, best_dir.as_deref(), "")
+                .expect("removes");
             let mut expected: Vec<String> = kept.iter().map(|&s| checkpoint_name(s)).collect();
             expected.extend(foreign.map(String::from));
             expected.sort();
@@ -576,5 +631,43 @@ mod tests {
                 "limit {limit}, best {best:?}"
             );
         }
+    }
+
+    #[test]
+    fn another_runs_checkpoints_are_neither_counted_nor_removed() {
+        // An older run's 4 and 5 beside this run's 1 and 2 (what
+        // --overwrite-output-dir leaves): a limit of 1 keeps this run's
+        // newest, and the older run's stay.
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (step, run) in [(1, "new"), (2, "new"), (4, "old"), (5, "old")] {
+            let checkpoint = checkpoint_dir(dir.path(), step);
+            std::fs::create_dir_all(&checkpoint).expect("mkdir");
+            let state = format!("{{\"run_id\": \"{run}\"}}");
+            std::fs::write(checkpoint.join(STATE_FILE), state).expect("write");
+            std::fs::write(checkpoint.join(INTEGRITY_FILE), b"{}").expect("write");
+        }
+        let removed = remove_old_checkpoints(dir.path(), 1, None, "new").expect("removes");
+        assert_eq!(removed, vec![checkpoint_dir(dir.path(), 1)]);
+        assert_eq!(
+            left(dir.path()),
+            ["checkpoint-2", "checkpoint-4", "checkpoint-5"]
+        );
+        assert_eq!(
+            other_runs_checkpoints(dir.path(), "new"),
+            vec![checkpoint_dir(dir.path(), 4), checkpoint_dir(dir.path(), 5)]
+        );
+    }
+
+    #[test]
+    fn a_file_named_like_a_checkpoint_is_refused_before_training() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("checkpoint-1"), b"notes").expect("write");
+        let err = check_nothing_in_the_way(dir.path()).expect_err("in the way");
+        assert!(
+            err.to_string()
+                .contains("is a file, not a checkpoint directory"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("HINT: move or rename"), "{err}");
     }
 }

@@ -26,14 +26,44 @@ pub enum TrainError {
     /// A data-parallel collective failed (another rank stopped).
     #[error(transparent)]
     Comm(#[from] crate::comm::CommError),
-    /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    /// A file could not be read or written. (The reason is in the message,
+    /// not chained as a source: `anyhow`'s `{:#}` would print it twice.)
+    #[error("{path}: {err}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The operating system's reason.
-        #[source]
-        source: std::io::Error,
+        err: std::io::Error,
+    },
+    /// A path given by a flag (the output directory) that cannot be used.
+    #[error("--{flag} {path}: {message}\nHINT: {hint}")]
+    Path {
+        /// The flag.
+        flag: &'static str,
+        /// The path as given.
+        path: PathBuf,
+        /// What is wrong, with the operating system's reason.
+        message: String,
+        /// What to do.
+        hint: String,
+    },
+    /// An example longer than the micro-batch limit it must fit in.
+    #[error(
+        "--{flag}: example {index} has {len} tokens, more than the {what} of {limit}\nHINT: raise --{flag} to at least {len} (the longest example is {longest} tokens), or cut or drop longer examples with --max-seq-len {limit} (--overlong truncate|drop)"
+    )]
+    ExampleTooLong {
+        /// The flag that sets the limit.
+        flag: &'static str,
+        /// What the limit is called.
+        what: &'static str,
+        /// The example's index in the data set (file order).
+        index: usize,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+        /// The longest example's length.
+        longest: usize,
     },
     /// A checkpoint that cannot be resumed from.
     #[error("{path}: {message}\nHINT: {hint}")]
@@ -62,10 +92,10 @@ pub enum TrainError {
 }
 
 impl TrainError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            err,
         }
     }
 }

@@ -157,6 +157,9 @@ pub fn evaluate(
     comm: &dyn Communicator,
 ) -> Result<EvalResult, TrainError> {
     let started = Instant::now();
+    // No backward pass: off the autodiff graph, so no batch's activations
+    // outlive it.
+    let model = &model.without_autodiff();
     let mut sums = [0.0_f64, 0.0];
     for batch in examples
         .chunks(batch_size.max(1))

@@ -44,9 +44,9 @@ pub use config::{
 };
 pub use error::TrainError;
 pub use eval::{EvalResult, EvalSet, EvalSettings, EvalStrategy};
-pub use metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
+pub use metrics::{LogRecord, RunPart, StepMetrics, TrainSummary, peak_memory_bytes};
 pub use optim::AdamW;
 pub use plan::{PlannedStep, TrainPlan};
 pub use schedule::LrSchedule;
-pub use state::{BestModel, STATE_FORMAT, TrainerState};
+pub use state::{BestModel, Continuation, DataIdentity, STATE_FORMAT, TrainerState};
 pub use trainer::{Observer, Trainer};

@@ -1,4 +1,5 @@
 use std::fmt;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -101,21 +102,26 @@ impl fmt::Display for LogRecord {
 }
 
 /// The end-of-training summary, written as `train_results.json`.
+///
+/// The loss and token figures cover the whole run, every step from 1 to
+/// `global_step` across resumes; the rates and `train_runtime` are this
+/// process's own (as HF's), and after a resume `resumed` says which part
+/// this process trained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainSummary {
-    /// Seconds of training in this process (a resumed run counts its own part).
+    /// Seconds of training in this process.
     pub train_runtime: f64,
-    /// Examples per second.
+    /// Examples per second (this process).
     pub train_samples_per_second: f64,
-    /// Optimizer steps per second.
+    /// Optimizer steps per second (this process).
     pub train_steps_per_second: f64,
-    /// Real (non-pad) tokens per second.
+    /// Real (non-pad) tokens per second (this process).
     pub train_tokens_per_second: f64,
-    /// Real tokens processed.
+    /// Real tokens trained on, whole run.
     pub real_tokens: usize,
-    /// Pad tokens the model also ran on (0 padding-free).
+    /// Pad tokens the model also ran on, whole run (0 padding-free).
     pub padded_tokens: usize,
-    /// Mean of the step losses of this process's steps (HF's `train_loss`).
+    /// Mean of every step's loss, whole run (HF's `train_loss`).
     pub train_loss: f64,
     /// Loss of the last step.
     pub final_loss: f64,
@@ -123,23 +129,49 @@ pub struct TrainSummary {
     pub steps: usize,
     /// The step training ended at.
     pub global_step: usize,
+    /// After a resume: the part of the run this process trained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<RunPart>,
     /// Peak resident memory of the process, bytes (`VmHWM`), if known.
     pub peak_memory_bytes: Option<u64>,
     /// Whether training stopped early on request (Ctrl-C).
     pub interrupted: bool,
-    /// The last evaluation's loss, with an eval set.
+    /// The eval loss of the model at `eval_step`: the final model's when it
+    /// was evaluated (the last step's, or the best one loaded), else the
+    /// last evaluation's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
     /// `exp(eval_loss)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_perplexity: Option<f64>,
+    /// The step whose model `eval_loss` was taken on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_step: Option<usize>,
     /// With `--load-best-model-at-end`: the best model found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_model: Option<BestModel>,
+    /// Where the best model's checkpoint is (HF's `best_model_checkpoint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_model_checkpoint: Option<PathBuf>,
     /// Whether the final model was loaded back from the best model's
     /// checkpoint (false when the best is the last step's own model).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub best_model_loaded: bool,
+}
+
+/// The steps one process of a resumed run trained, and their figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunPart {
+    /// The step it resumed from (its first step is the next).
+    pub from_step: usize,
+    /// Steps it ran.
+    pub steps: usize,
+    /// Real tokens it trained on.
+    pub real_tokens: usize,
+    /// Pad tokens it ran on.
+    pub padded_tokens: usize,
+    /// Mean of its steps' losses.
+    pub train_loss: f64,
 }
 
 impl fmt::Display for TrainSummary {
@@ -148,9 +180,14 @@ impl fmt::Display for TrainSummary {
             || "unknown".to_owned(),
             |b| format!("{:.0} MiB", b as f64 / 1048576.0),
         );
+        let part = if self.resumed.is_some() {
+            " (this process)"
+        } else {
+            ""
+        };
         writeln!(
             f,
-            "  train_runtime            = {:.1} s",
+            "  train_runtime            = {:.1} s{part}",
             self.train_runtime
         )?;
         writeln!(
@@ -168,17 +205,56 @@ impl fmt::Display for TrainSummary {
             "  train_tokens_per_second  = {:.1} (real tokens)",
             self.train_tokens_per_second
         )?;
-        writeln!(f, "  real tokens              = {}", self.real_tokens)?;
-        writeln!(f, "  padded tokens processed  = {}", self.padded_tokens)?;
-        writeln!(f, "  train_loss               = {:.4}", self.train_loss)?;
+        let whole = if self.resumed.is_some() {
+            format!(" (whole run, steps 1-{})", self.global_step)
+        } else {
+            String::new()
+        };
+        writeln!(
+            f,
+            "  real tokens              = {}{whole}",
+            self.real_tokens
+        )?;
+        writeln!(
+            f,
+            "  padded tokens processed  = {}{whole}",
+            self.padded_tokens
+        )?;
+        writeln!(
+            f,
+            "  train_loss               = {:.4}{whole}",
+            self.train_loss
+        )?;
+        if let Some(part) = &self.resumed {
+            writeln!(
+                f,
+                "  this process             = steps {}-{}: train_loss {:.4}, {} real tokens, {} padded",
+                part.from_step + 1,
+                part.from_step + part.steps,
+                part.train_loss,
+                part.real_tokens,
+                part.padded_tokens
+            )?;
+        }
         writeln!(f, "  final step loss          = {:.4}", self.final_loss)?;
         if let (Some(loss), Some(perplexity)) = (self.eval_loss, self.eval_perplexity) {
-            writeln!(f, "  eval_loss                = {loss:.4}")?;
+            let of = match self.eval_step {
+                Some(step) if step == self.global_step || self.best_model_loaded => {
+                    format!(" (step {step}: the final model)")
+                }
+                Some(step) => format!(
+                    " (step {step}; the final model, step {}, was not evaluated)",
+                    self.global_step
+                ),
+                None => String::new(),
+            };
+            writeln!(f, "  eval_loss                = {loss:.4}{of}")?;
             writeln!(f, "  eval_perplexity          = {perplexity:.2}")?;
         }
         if let Some(best) = &self.best_model {
-            let source = match (&best.checkpoint, self.best_model_loaded) {
+            let source = match (&self.best_model_checkpoint, self.best_model_loaded) {
                 (Some(dir), true) => format!("loaded from {}", dir.display()),
+                (_, false) if best.step == self.global_step => "the last step's model".to_owned(),
                 (Some(dir), false) => format!("in {}", dir.display()),
                 (None, _) => "the last step's model".to_owned(),
             };

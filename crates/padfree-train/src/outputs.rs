@@ -22,9 +22,9 @@ pub const RESULTS_FILE: &str = "train_results.json";
 /// non-empty directory only with `overwrite` (or when resuming into it).
 /// Call it holding the directory's [`OutputLock`], which it ignores.
 pub fn prepare_output_dir(dir: &Path, overwrite: bool, resuming: bool) -> Result<(), TrainError> {
-    std::fs::create_dir_all(dir).map_err(|err| TrainError::io(dir, err))?;
+    std::fs::create_dir_all(dir).map_err(|err| unusable(dir, "cannot be created", &err))?;
     let mut entries = std::fs::read_dir(dir)
-        .map_err(|err| TrainError::io(dir, err))?
+        .map_err(|err| unusable(dir, "cannot be read", &err))?
         .filter(|e| e.as_ref().map_or(true, |e| e.file_name() != LOCK_FILE));
     if entries.next().is_some() && !overwrite && !resuming {
         return Err(TrainError::Config {
@@ -34,9 +34,20 @@ pub fn prepare_output_dir(dir: &Path, overwrite: bool, resuming: bool) -> Result
         });
     }
     let probe = dir.join(format!(".write-probe-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|err| TrainError::io(&probe, err))?;
-    std::fs::remove_file(&probe).map_err(|err| TrainError::io(&probe, err))?;
+    std::fs::write(&probe, b"").map_err(|err| unusable(dir, "is not writable", &err))?;
+    std::fs::remove_file(&probe).map_err(|err| unusable(dir, "is not writable", &err))?;
+    crate::checkpoint::check_nothing_in_the_way(dir)?;
     remove_stale_temporaries(dir)
+}
+
+/// The output directory cannot be used: which way, and the OS's reason.
+fn unusable(dir: &Path, what: &str, err: &std::io::Error) -> TrainError {
+    TrainError::Path {
+        flag: "output-dir",
+        path: dir.to_owned(),
+        message: format!("{what}: {err}"),
+        hint: "choose a directory this user can create and write (--output-dir), or fix the permissions of this one".into(),
+    }
 }
 
 /// The lock file of an output directory.
@@ -52,7 +63,7 @@ pub struct OutputLock {
 
 /// Creates `dir` if missing and locks it for this run, or says who holds it.
 pub fn lock_output_dir(dir: &Path) -> Result<OutputLock, TrainError> {
-    std::fs::create_dir_all(dir).map_err(|err| TrainError::io(dir, err))?;
+    std::fs::create_dir_all(dir).map_err(|err| unusable(dir, "cannot be created", &err))?;
     let path = dir.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -60,7 +71,7 @@ pub fn lock_output_dir(dir: &Path) -> Result<OutputLock, TrainError> {
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(|err| TrainError::io(&path, err))?;
+        .map_err(|err| unusable(dir, "is not writable (its lock file)", &err))?;
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {

@@ -71,6 +71,7 @@ impl TrainPlan {
                 hint: "give a dataset with at least one example",
             });
         }
+        check_lengths(lengths, config.batching)?;
         let mut steps = Vec::new();
         let mut packing = Vec::new();
         for epoch in 0.. {
@@ -116,6 +117,28 @@ impl TrainPlan {
     }
 }
 
+/// Refuses, by its index in the data set (not its place in a shuffled
+/// epoch), the first example that no micro-batch can hold.
+fn check_lengths(lengths: &[usize], batching: Batching) -> Result<(), TrainError> {
+    let (limit, what) = match batching {
+        Batching::Examples(_) => return Ok(()),
+        Batching::TokenBudget(budget) => (budget, "token budget"),
+        Batching::Multipack(multipack) => (multipack.capacity, "bin capacity"),
+    };
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    match lengths.iter().position(|&len| len > limit) {
+        Some(index) => Err(TrainError::ExampleTooLong {
+            flag: "max-tokens-per-batch",
+            what,
+            index,
+            len: lengths[index],
+            limit,
+            longest,
+        }),
+        None => Ok(()),
+    }
+}
+
 fn epoch_steps(
     lengths: &[usize],
     config: &TrainConfig,
@@ -131,13 +154,7 @@ fn epoch_steps(
         Batching::TokenBudget(budget) => {
             let ordered: Vec<usize> = order.iter().map(|&i| lengths[i]).collect();
             let ranges: Vec<Range<usize>> =
-                batch_by_token_budget(&ordered, budget, BudgetKind::RealTokens).map_err(|err| {
-                    TrainError::Config {
-                        flag: "max-tokens-per-batch",
-                        message: err.to_string(),
-                        hint: "raise the budget to at least --max-seq-len",
-                    }
-                })?;
+                batch_by_token_budget(&ordered, budget, BudgetKind::RealTokens)?;
             ranges.into_iter().map(|r| order[r].to_vec()).collect()
         }
         Batching::Multipack(_) => unreachable!("handled above"),
@@ -179,12 +196,7 @@ fn multipack_epoch(
             balance: multipack.balance.balance(),
             seed: epoch_seed(config.seed, epoch),
         },
-    )
-    .map_err(|err| TrainError::Config {
-        flag: "max-tokens-per-batch",
-        message: err.to_string(),
-        hint: "raise the bin capacity to at least the longest example (--max-seq-len)",
-    })?;
+    )?;
     let per_rank: Vec<Vec<Vec<Vec<usize>>>> = (0..config.world_size)
         .map(|rank| plan.rank_steps(rank))
         .collect();

@@ -46,6 +46,28 @@ pub struct TrainerState {
     /// `best_global_step`, `best_model_checkpoint`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_model: Option<BestModel>,
+    /// Names the run across resumes: made at a fresh start, kept by every
+    /// resume. `--save-total-limit` counts and removes only checkpoints of
+    /// this run, never another run's left in the same directory.
+    #[serde(default)]
+    pub run_id: String,
+    /// Pad tokens the model ran on so far (0 padding-free), for the
+    /// whole-run figures of `train_results.json`.
+    #[serde(default)]
+    pub padded_tokens_seen: usize,
+    /// The held-out set the eval losses of `log_history` were taken on: a
+    /// resume refuses another one, so no two sets are compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_data: Option<DataIdentity>,
+}
+
+/// Which examples a data set holds, as a resume compares them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataIdentity {
+    /// Examples.
+    pub examples: usize,
+    /// FNV-1a of their ids and labels (hex).
+    pub fingerprint: String,
 }
 
 /// The evaluated model with the lowest eval loss that can be loaded back:
@@ -56,8 +78,11 @@ pub struct BestModel {
     pub step: usize,
     /// Its eval loss.
     pub eval_loss: f64,
-    /// The checkpoint holding it; `None` for the last step's model, which is
-    /// the final model itself.
+    /// The checkpoint holding it, by its name in the run directory
+    /// (`checkpoint-N`), so a run directory that is moved or copied still
+    /// finds it; `None` for a last step's model that was not saved.
+    /// (Written as an absolute path by padfree before 2026-12; only its last
+    /// component is read.)
     pub checkpoint: Option<PathBuf>,
 }
 
@@ -69,11 +94,40 @@ impl BestModel {
     }
 }
 
+impl BestModel {
+    /// Where its checkpoint is, for a run directory `run_dir`.
+    pub fn checkpoint_in(&self, run_dir: &Path) -> Option<PathBuf> {
+        let name = self.checkpoint.as_deref()?.file_name()?;
+        Some(run_dir.join(name))
+    }
+}
+
+/// How a resumed run goes on from its saved state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continuation {
+    /// The same run, bit-identically.
+    Exact,
+    /// A finished run trained further: more steps than its `saved` ones,
+    /// the learning-rate schedule recomputed over the new total (HF's
+    /// habit; not bit-identical to any single run).
+    Extends {
+        /// The saved run's total steps.
+        saved: usize,
+    },
+}
+
 impl TrainerState {
     /// Refuses a saved state (`self`, read from `path`) that the run about to
     /// continue it (`now`, a fresh trainer's state) cannot continue
-    /// bit-identically: another layout, settings, data or step count.
-    pub fn check_continues(&self, now: &TrainerState, path: &Path) -> Result<(), TrainError> {
+    /// bit-identically: another layout, settings, data or step count. One
+    /// exception: a finished run may be extended with a larger
+    /// `--max-steps` / `--num-train-epochs` (the steps it took are the first
+    /// steps of the longer plan, which depends only on the seed and data).
+    pub fn check_continues(
+        &self,
+        now: &TrainerState,
+        path: &Path,
+    ) -> Result<Continuation, TrainError> {
         let refuse = |message: String, hint: &str| TrainError::Checkpoint {
             path: path.to_owned(),
             message,
@@ -85,10 +139,20 @@ impl TrainerState {
                 "resume with the padfree version that wrote it",
             ));
         }
-        if let Some(field) = differing_setting(&self.config, &now.config) {
+        let extends = self.global_step == self.total_steps && now.total_steps > self.total_steps;
+        let free: &[&str] = if extends {
+            &["max_steps", "num_train_epochs"]
+        } else {
+            &[]
+        };
+        if let Some(field) = differing_setting(&self.config, &now.config, free) {
             return Err(refuse(
                 format!("the run was saved with a different `{field}` than given now"),
-                "resume with the same training flags as the saved run; a bit-exact continuation needs them",
+                if matches!(field.as_str(), "max_steps" | "num_train_epochs") {
+                    "resume with the same --max-steps / --num-train-epochs; only a finished run (resumed from its last checkpoint) can be extended with more steps"
+                } else {
+                    "resume with the same training flags as the saved run; a bit-exact continuation needs them"
+                },
             ));
         }
         if self.data_fingerprint != now.data_fingerprint || self.num_examples != now.num_examples {
@@ -103,21 +167,27 @@ impl TrainerState {
                 "resume with the same --data, tokenizer and --max-seq-len",
             ));
         }
+        if extends {
+            return Ok(Continuation::Extends {
+                saved: self.total_steps,
+            });
+        }
         if self.total_steps != now.total_steps || self.global_step > self.total_steps {
             return Err(refuse(
                 format!(
-                    "{} steps planned now, {} saved",
-                    now.total_steps, self.total_steps
+                    "{} steps planned now, {} saved (at step {})",
+                    now.total_steps, self.total_steps, self.global_step
                 ),
-                "resume with the same --max-steps / --num-train-epochs",
+                "resume with the same --max-steps / --num-train-epochs; only a finished run can be extended with more steps",
             ));
         }
-        Ok(())
+        Ok(Continuation::Exact)
     }
 }
 
-/// The first top-level setting that differs, by its serialised name.
-fn differing_setting(saved: &TrainConfig, now: &TrainConfig) -> Option<String> {
+/// The first top-level setting that differs, by its serialised name,
+/// besides the cadence settings and `free`.
+fn differing_setting(saved: &TrainConfig, now: &TrainConfig, free: &[&str]) -> Option<String> {
     let (serde_json::Value::Object(saved), serde_json::Value::Object(now)) = (
         serde_json::to_value(saved).ok()?,
         serde_json::to_value(now).ok()?,
@@ -128,6 +198,10 @@ fn differing_setting(saved: &TrainConfig, now: &TrainConfig) -> Option<String> {
     const FREE: [&str; 3] = ["logging_steps", "save_strategy", "save_total_limit"];
     saved
         .iter()
-        .find(|(key, value)| !FREE.contains(&key.as_str()) && now.get(*key) != Some(value))
+        .find(|(key, value)| {
+            !FREE.contains(&key.as_str())
+                && !free.contains(&key.as_str())
+                && now.get(*key) != Some(value)
+        })
         .map(|(key, _)| key.clone())
 }

@@ -12,12 +12,12 @@ use crate::comm::{Communicator, SingleProcess};
 use crate::config::{Batching, SaveStrategy, TrainConfig, Warmup};
 use crate::error::TrainError;
 use crate::eval::{Collated, EvalResult, EvalSet, EvalStrategy, evaluate};
-use crate::metrics::{LogRecord, StepMetrics, TrainSummary, peak_memory_bytes};
+use crate::metrics::{LogRecord, RunPart, StepMetrics, TrainSummary, peak_memory_bytes};
 use crate::optim::AdamW;
 use crate::outputs;
 use crate::plan::TrainPlan;
 use crate::schedule::LrSchedule;
-use crate::state::{BestModel, STATE_FORMAT, TrainerState};
+use crate::state::{BestModel, Continuation, DataIdentity, STATE_FORMAT, TrainerState};
 
 /// Hooks for what the user sees; every method has a do-nothing default.
 pub trait Observer {
@@ -29,6 +29,13 @@ pub trait Observer {
     fn on_save(&mut self, _dir: &Path) {}
     /// After an old checkpoint was removed (`save_total_limit`).
     fn on_remove(&mut self, _dir: &Path) {}
+    /// Before (`true`) and after (`false`) the trainer writes a checkpoint
+    /// or the final model: a process that must quit should wait for the
+    /// `false`, so what was being written is complete.
+    fn on_writing(&mut self, _writing: bool) {}
+    /// Something the user should know before training starts (a setting
+    /// of the resumed run that no longer applies, another run's files).
+    fn on_note(&mut self, _note: &str) {}
     /// Polled between steps: true stops training after the current step
     /// (Ctrl-C), with a checkpoint written.
     fn stop_requested(&self) -> bool {
@@ -54,9 +61,21 @@ pub struct Trainer {
     log_history: Vec<LogRecord>,
     step_losses: Vec<f64>,
     real_tokens_seen: usize,
+    padded_tokens_seen: usize,
     last_checkpoint: Option<PathBuf>,
+    /// The step of the checkpoint written (or resumed from) last.
+    saved_step: Option<usize>,
     eval: Option<EvalSet>,
+    /// The held-out set of the eval losses in the history (kept across
+    /// resumes, also by a resumed run that does not evaluate).
+    eval_data: Option<DataIdentity>,
     best_model: Option<BestModel>,
+    /// Where the best model's checkpoint is now: in this run's output
+    /// directory, or beside the checkpoint a run was resumed from.
+    best_model_dir: Option<PathBuf>,
+    run_id: String,
+    /// Told to the observer when training starts.
+    notes: Vec<String>,
     comm: Box<dyn Communicator>,
 }
 
@@ -187,9 +206,15 @@ impl Trainer {
             log_history: Vec::new(),
             step_losses: Vec::new(),
             real_tokens_seen: 0,
+            padded_tokens_seen: 0,
             last_checkpoint: None,
+            saved_step: None,
             eval: None,
+            eval_data: None,
             best_model: None,
+            best_model_dir: None,
+            run_id: new_run_id(),
+            notes: Vec::new(),
             comm,
         })
     }
@@ -230,26 +255,54 @@ impl Trainer {
         let checkpoint_dir = checkpoint.dir();
         let mut trainer = Self::new_on(comm, model, examples, config, output_dir, artifacts)?;
         let saved = checkpoint::read_state(checkpoint_dir)?;
-        saved.check_continues(
+        let continuation = saved.check_continues(
             &trainer.state(),
             &checkpoint_dir.join(checkpoint::STATE_FILE),
         )?;
         checkpoint::read_optimizer(checkpoint_dir, &saved, &mut trainer.optimizer)?;
-        trainer.apply_state(saved);
+        // The run directory the checkpoint sits in now, wherever it was
+        // when it was written (moved and copied runs resume too).
+        let run_dir = checkpoint_dir.parent().unwrap_or(Path::new(""));
+        trainer.apply_state(saved, run_dir);
+        if let Continuation::Extends { saved } = continuation {
+            let total = trainer.plan.len();
+            trainer.notes.push(format!(
+                "extending the finished run of {saved} steps to {total}: its steps are the first {saved} of the longer plan, but the learning-rate schedule is recomputed over {total} steps, so this is not one uninterrupted {total}-step run"
+            ));
+        }
         trainer.last_checkpoint = Some(checkpoint_dir.to_owned());
+        trainer.saved_step = Some(trainer.global_step);
         Ok(trainer)
     }
 
-    /// Evaluates on `eval` as its strategy says (HF `eval_strategy`): the
-    /// result joins the log line of that step, `metrics.jsonl`, the summary
-    /// and the loss plot.
+    /// Evaluates on `eval` as its strategy says (HF `eval_strategy`), and
+    /// the final model after the last step: the result joins the log line
+    /// of that step, `metrics.jsonl`, the summary and the loss plot. A
+    /// resumed run refuses a held-out set other than the one its history
+    /// was evaluated on.
     pub fn with_eval(mut self, eval: EvalSet) -> Result<Self, TrainError> {
         eval.validate(self.config.save_strategy)?;
+        let identity = DataIdentity {
+            examples: eval.examples.len(),
+            fingerprint: format!("{:016x}", fingerprint(&eval.examples)),
+        };
+        if let Some(saved) = self.eval_data.as_ref().filter(|saved| **saved != identity) {
+            return Err(TrainError::Config {
+                flag: "eval-data",
+                message: format!(
+                    "the resumed run was evaluated on another held-out set ({} examples, fingerprint {}; this one has {} and {}): eval losses, and the best model, would be compared across the two",
+                    saved.examples, saved.fingerprint, identity.examples, identity.fingerprint
+                ),
+                hint: "resume with the run's own --eval-data (same tokenizer and --max-seq-len), or without --eval-data to go on without evaluation; to evaluate on a new set, start a new run",
+            });
+        }
+        self.eval_data = Some(identity);
         self.eval = Some(eval);
         Ok(self)
     }
 
-    /// The eval loss of the model as it stands now, `None` without an eval set.
+    /// The eval loss of the model as it stands now, `None` without an eval set
+    /// (a forward pass off the autodiff graph: nothing kept for a backward).
     pub fn evaluate(&self) -> Result<Option<EvalResult>, TrainError> {
         self.eval
             .as_ref()
@@ -265,10 +318,13 @@ impl Trainer {
             .transpose()
     }
 
-    /// Whether an evaluation follows step `step` (1-based).
+    /// Whether an evaluation follows step `step` (1-based): by the strategy,
+    /// and after the last step always (the final model's eval loss; with
+    /// `epoch`, HF evaluates a last epoch cut short by `max_steps` too).
     fn evaluates_after(&self, step: usize) -> bool {
         match self.eval.as_ref().map(|eval| eval.settings.strategy) {
             None => false,
+            Some(_) if step == self.plan.len() => true,
             Some(EvalStrategy::Steps(every)) => step.is_multiple_of(every),
             Some(EvalStrategy::Epoch) => self.plan.steps()[step - 1].ends_epoch(),
         }
@@ -282,14 +338,16 @@ impl Trainer {
     }
 
     /// Takes the model of this step, evaluated to `eval_loss`, as the best
-    /// if it is; `checkpoint`: where it is being saved (`None`: it is the
-    /// last step's model, the final model).
-    fn consider_best_model(&mut self, eval_loss: f64, checkpoint: Option<PathBuf>) {
+    /// if it is; `saved`: whether it is being saved as a checkpoint (else
+    /// it is the last step's model, the final model).
+    fn consider_best_model(&mut self, eval_loss: f64, saved: bool) {
         if self.tracks_best_model() && BestModel::improves(self.best_model.as_ref(), eval_loss) {
+            let name = checkpoint::checkpoint_dir(Path::new(""), self.global_step);
+            self.best_model_dir = saved.then(|| self.output_dir.join(&name));
             self.best_model = Some(BestModel {
                 step: self.global_step,
                 eval_loss,
-                checkpoint,
+                checkpoint: saved.then_some(name),
             });
         }
     }
@@ -298,11 +356,12 @@ impl Trainer {
     /// the best checkpoint's (verified first) on the rank that writes the
     /// final model. Returns whether it did.
     fn load_best_model(&mut self) -> Result<bool, TrainError> {
-        let Some(BestModel {
-            step,
-            eval_loss,
-            checkpoint: Some(dir),
-        }) = self.best_model.clone()
+        let (
+            Some(BestModel {
+                step, eval_loss, ..
+            }),
+            Some(dir),
+        ) = (self.best_model.clone(), self.best_model_dir.clone())
         else {
             return Ok(false);
         };
@@ -389,6 +448,9 @@ impl Trainer {
     /// Runs the remaining steps, logging, checkpointing, and writing the
     /// final model and reports into the output directory.
     pub fn train(&mut self, observer: &mut dyn Observer) -> Result<TrainSummary, TrainError> {
+        for note in self.notes_before_training() {
+            observer.on_note(&note);
+        }
         if self.writes_outputs() {
             outputs::rewrite_metrics(&self.output_dir, &self.log_history)?;
         }
@@ -432,15 +494,16 @@ impl Trainer {
                 self.log_history.push(record);
                 interval = Interval::default();
             }
-            if let (true, Some(eval)) = (last, eval) {
-                // The last step's model is the final model: no checkpoint.
-                self.consider_best_model(eval.loss, None);
-            }
-            if self.saves_after(metrics.step) && !last {
+            if self.saves_after(metrics.step) {
+                // It considers this step's model for the best, if evaluated.
                 self.checkpoint_now(observer)?;
+            } else if let (true, Some(eval)) = (last, eval) {
+                // The last step's model is the final model, unsaved.
+                self.consider_best_model(eval.loss, false);
             }
         }
-        if interrupted && self.global_step > first_step {
+        if interrupted && self.global_step > first_step && self.saved_step != Some(self.global_step)
+        {
             self.checkpoint_now(observer)?;
         }
         // Before the final model is written, which is then the best one;
@@ -451,32 +514,57 @@ impl Trainer {
         } else {
             self.load_best_model()
         };
-        // The last evaluation, before a resume too.
-        let eval_loss = self.log_history.iter().rev().find_map(|r| r.eval_loss);
+        let best_model_loaded = matches!(best_loaded, Ok(true));
+        // The final model's evaluation: the best one's when it was loaded,
+        // else the last evaluation (of an earlier step after a resume
+        // without --eval-data, said so by `eval_step`).
+        let evaluated = match (&self.best_model, best_model_loaded) {
+            (Some(best), true) => Some((best.step, best.eval_loss)),
+            _ => self
+                .log_history
+                .iter()
+                .rev()
+                .find_map(|r| Some((r.step, r.eval_loss?))),
+        };
         let runtime = started.elapsed().as_secs_f64().max(1e-9);
         let steps = self.global_step - first_step;
-        let own_losses = &self.step_losses[first_step..];
+        let mean = |losses: &[f64]| losses.iter().sum::<f64>() / losses.len().max(1) as f64;
         let summary = TrainSummary {
             train_runtime: runtime,
             train_samples_per_second: samples as f64 / runtime,
             train_steps_per_second: steps as f64 / runtime,
             train_tokens_per_second: real as f64 / runtime,
-            real_tokens: real,
-            padded_tokens: fed - real,
-            train_loss: own_losses.iter().sum::<f64>() / own_losses.len().max(1) as f64,
-            final_loss: own_losses.last().copied().unwrap_or(f64::NAN),
+            real_tokens: self.real_tokens_seen,
+            padded_tokens: self.padded_tokens_seen,
+            train_loss: mean(&self.step_losses),
+            final_loss: self.step_losses.last().copied().unwrap_or(f64::NAN),
             steps,
             global_step: self.global_step,
+            resumed: (first_step > 0).then(|| RunPart {
+                from_step: first_step,
+                steps,
+                real_tokens: real,
+                padded_tokens: fed - real,
+                train_loss: mean(&self.step_losses[first_step..]),
+            }),
             peak_memory_bytes: peak_memory_bytes(),
             interrupted,
-            eval_loss,
-            eval_perplexity: eval_loss.map(f64::exp),
+            eval_loss: evaluated.map(|(_, loss)| loss),
+            eval_perplexity: evaluated.map(|(_, loss)| loss.exp()),
+            eval_step: evaluated.map(|(step, _)| step),
             best_model: self.best_model.clone(),
-            best_model_loaded: matches!(best_loaded, Ok(true)),
+            best_model_checkpoint: self.best_model_dir.clone(),
+            best_model_loaded,
         };
         if !interrupted && self.writes_outputs() {
-            checkpoint::write_model_files(&self.model, &self.artifacts, &self.output_dir)?;
-            outputs::write_final_reports(&self.output_dir, &self.state(), &summary)?;
+            observer.on_writing(true);
+            let written =
+                checkpoint::write_model_files(&self.model, &self.artifacts, &self.output_dir)
+                    .and_then(|()| {
+                        outputs::write_final_reports(&self.output_dir, &self.state(), &summary)
+                    });
+            observer.on_writing(false);
+            written?;
         }
         best_loaded?;
         self.comm.barrier().map_err(TrainError::from)?;
@@ -495,10 +583,12 @@ impl Trainer {
     }
 
     /// Whether step `step` (1-based) is followed by a checkpoint, by the
-    /// save strategy (the last step writes the final model instead).
+    /// save strategy; the last step is saved too unless the strategy is
+    /// `no` (HF's habit: a finished run can be extended from it).
     fn saves_after(&self, step: usize) -> bool {
         match self.config.save_strategy {
             SaveStrategy::No => false,
+            _ if step == self.plan.len() => true,
             SaveStrategy::Steps(every) => step.is_multiple_of(every),
             SaveStrategy::Epoch => self.plan.steps()[step - 1].ends_epoch(),
         }
@@ -506,9 +596,60 @@ impl Trainer {
 
     /// The checkpoints the rest of the run will write.
     pub fn checkpoints_ahead(&self) -> usize {
-        (self.global_step + 1..self.plan.len())
+        (self.global_step + 1..=self.plan.len())
             .filter(|&step| self.saves_after(step))
             .count()
+    }
+
+    /// What the user should know before the steps start; drops a resumed
+    /// best model this run does not track. Called once, by `train`.
+    fn notes_before_training(&mut self) -> Vec<String> {
+        let mut notes = std::mem::take(&mut self.notes);
+        let remaining = self.global_step < self.plan.len();
+        if self.eval.is_none() && self.eval_data.is_some() && remaining {
+            notes.push(
+                "the resumed run evaluated on a held-out set, this one is given none (--eval-data): no more evaluations, and the summary's eval_loss is the last one taken".to_owned(),
+            );
+        }
+        if !self.tracks_best_model()
+            && let Some(best) = self.best_model.take()
+        {
+            self.best_model_dir = None;
+            notes.push(format!(
+                "the resumed run kept its best model (step {}, eval_loss {:.4}); without --load-best-model-at-end the final model is the last step's",
+                best.step, best.eval_loss
+            ));
+        }
+        if let Some(EvalSet {
+            settings:
+                crate::eval::EvalSettings {
+                    strategy: EvalStrategy::Steps(every),
+                    ..
+                },
+            ..
+        }) = &self.eval
+            && *every > self.plan.len()
+        {
+            notes.push(format!(
+                "--eval-steps {every} is past the run's last step ({}): the only evaluation is the final model's",
+                self.plan.len()
+            ));
+        }
+        if self.writes_outputs() && self.config.save_strategy != SaveStrategy::No {
+            let others = checkpoint::other_runs_checkpoints(&self.output_dir, &self.run_id);
+            if !others.is_empty() {
+                let names: Vec<String> = others
+                    .iter()
+                    .filter_map(|dir| Some(dir.file_name()?.to_string_lossy().into_owned()))
+                    .collect();
+                notes.push(format!(
+                    "{} in {} belong to another run: left as they are and not counted by --save-total-limit; a checkpoint this run saves at the same step replaces it",
+                    names.join(", "),
+                    self.output_dir.display()
+                ));
+            }
+        }
+        notes
     }
 
     /// About how many bytes the rest of the run writes: every checkpoint
@@ -533,16 +674,20 @@ impl Trainer {
     /// Writes a checkpoint, tells the observer, then removes what
     /// `save_total_limit` no longer keeps.
     fn checkpoint_now(&mut self, observer: &mut dyn Observer) -> Result<(), TrainError> {
+        observer.on_writing(true);
+        let result = self.save_and_rotate(observer);
+        observer.on_writing(false);
+        result
+    }
+
+    fn save_and_rotate(&mut self, observer: &mut dyn Observer) -> Result<(), TrainError> {
         let saved = self.save_checkpoint()?;
         observer.on_save(&saved);
         let (Some(limit), true) = (self.config.save_total_limit, self.writes_outputs()) else {
             return Ok(());
         };
-        let best = self
-            .best_model
-            .as_ref()
-            .and_then(|b| b.checkpoint.as_deref());
-        let removed = checkpoint::remove_old_checkpoints(&self.output_dir, limit, best)
+        let best = self.best_model_dir.as_deref();
+        let removed = checkpoint::remove_old_checkpoints(&self.output_dir, limit, best, &self.run_id)
             .map_err(|err| TrainError::Checkpoint {
                 path: self.output_dir.clone(),
                 message: format!("could not remove an old checkpoint (--save-total-limit {limit}): {err}"),
@@ -568,8 +713,7 @@ impl Trainer {
             .filter(|record| record.step == self.global_step)
             .and_then(|record| record.eval_loss);
         if let Some(eval_loss) = evaluated {
-            let dir = checkpoint::checkpoint_dir(&self.output_dir, self.global_step);
-            self.consider_best_model(eval_loss, Some(std::path::absolute(&dir).unwrap_or(dir)));
+            self.consider_best_model(eval_loss, true);
         }
         let dir = if self.writes_outputs() {
             let state = self.state();
@@ -579,25 +723,48 @@ impl Trainer {
                 optimizer: &self.optimizer,
                 artifacts: &self.artifacts,
             };
-            checkpoint::write(&self.output_dir, snapshot).map_err(|err| {
-                TrainError::Checkpoint {
-                    path: checkpoint::checkpoint_dir(&self.output_dir, self.global_step),
-                    message: format!("could not be written: {err}"),
-                    hint: match &self.last_checkpoint {
-                        Some(dir) => format!(
-                            "free disk space, then resume from the last good checkpoint: --resume-from-checkpoint {}",
-                            dir.display()
-                        ),
-                        None => "free disk space and start again; no checkpoint was written in this run".to_owned(),
-                    },
-                }
-            })?
+            checkpoint::write(&self.output_dir, snapshot).map_err(|err| self.save_failed(err))?
         } else {
             checkpoint::checkpoint_dir(&self.output_dir, self.global_step)
         };
         self.comm.barrier()?;
         self.last_checkpoint = Some(dir.clone());
+        self.saved_step = Some(self.global_step);
         Ok(dir)
+    }
+
+    /// A checkpoint write that failed, with what to do about its cause and
+    /// where the run can resume.
+    fn save_failed(&self, err: TrainError) -> TrainError {
+        let path = checkpoint::checkpoint_dir(&self.output_dir, self.global_step);
+        let fix = match &err {
+            TrainError::Io { err, .. } if err.kind() == std::io::ErrorKind::StorageFull => {
+                "free disk space"
+            }
+            TrainError::Io { err, .. }
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+            {
+                "make the output directory writable"
+            }
+            // The inner error says what is in the way and what to do.
+            TrainError::Checkpoint { .. } => return err,
+            _ => "fix what the message names",
+        };
+        let resume = match &self.last_checkpoint {
+            Some(dir) => format!(
+                "then resume from the last good checkpoint: --resume-from-checkpoint {}",
+                dir.display()
+            ),
+            None => "then start again; no checkpoint was written in this run".to_owned(),
+        };
+        TrainError::Checkpoint {
+            path,
+            message: format!("could not be written: {err}"),
+            hint: format!("{fix}, {resume}"),
+        }
     }
 
     /// One optimizer step: every micro-batch of the window forward and
@@ -676,6 +843,7 @@ impl Trainer {
         self.load_optimizer_values();
         self.global_step = step;
         self.real_tokens_seen += real_tokens;
+        self.padded_tokens_seen += fed_tokens.saturating_sub(real_tokens);
         self.step_losses.push(loss);
         Ok(StepMetrics {
             step,
@@ -855,6 +1023,20 @@ fn fingerprint(examples: &[Example]) -> u64 {
     hash.finish()
 }
 
+/// A name for a fresh run, different from any other run's: the clock, the
+/// process and an address mixed by SplitMix64 (no random-number crate).
+fn new_run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let local = 0u8;
+    let address = std::ptr::addr_of!(local) as u64;
+    let mut rng = padfree_pack::SplitMix64::new(
+        nanos ^ u64::from(std::process::id()).rotate_left(32) ^ address,
+    );
+    format!("{:016x}", rng.next_u64())
+}
+
 /// FNV-1a over the little-endian bytes of each value eaten.
 struct Fnv1a(u64);
 
@@ -895,16 +1077,27 @@ impl Trainer {
             step_losses: self.step_losses.clone(),
             log_history: self.log_history.clone(),
             best_model: self.best_model.clone(),
+            run_id: self.run_id.clone(),
+            padded_tokens_seen: self.padded_tokens_seen,
+            eval_data: self.eval_data.clone(),
         }
     }
 
     /// Continues from a saved state (already checked with
-    /// [`TrainerState::check_continues`] against this trainer's own).
-    fn apply_state(&mut self, state: TrainerState) {
+    /// [`TrainerState::check_continues`] against this trainer's own) found
+    /// in the run directory `run_dir`.
+    fn apply_state(&mut self, state: TrainerState, run_dir: &Path) {
         self.global_step = state.global_step;
         self.real_tokens_seen = state.real_tokens_seen;
+        self.padded_tokens_seen = state.padded_tokens_seen;
         self.step_losses = state.step_losses;
         self.log_history = state.log_history;
+        self.best_model_dir = state
+            .best_model
+            .as_ref()
+            .and_then(|best| best.checkpoint_in(run_dir));
         self.best_model = state.best_model;
+        self.run_id = state.run_id;
+        self.eval_data = state.eval_data;
     }
 }

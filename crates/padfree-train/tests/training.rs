@@ -429,11 +429,15 @@ fn load_best_model_at_end_writes_the_evaluated_model_with_the_lowest_eval_loss()
         (best_step, best_loss.to_bits())
     );
     let checkpoint = dir.join(format!("checkpoint-{best_step}"));
+    // Named relative to the run directory (so a moved run still finds it),
+    // resolved in the summary.
     assert_eq!(
-        best.checkpoint
-            .as_deref()
-            .map(|p| p.canonicalize().expect("exists")),
-        Some(checkpoint.canonicalize().expect("exists"))
+        best.checkpoint.as_deref(),
+        Some(Path::new(&format!("checkpoint-{best_step}")))
+    );
+    assert_eq!(
+        summary.best_model_checkpoint.as_deref(),
+        Some(checkpoint.as_path())
     );
     assert!(summary.best_model_loaded);
     // The final model is the checkpoint's, byte for byte, and evaluates to
@@ -626,7 +630,7 @@ fn checkpoints_left(dir: &Path) -> Vec<String> {
 
 #[test]
 fn save_total_limit_removes_the_oldest_checkpoints_but_never_the_best() {
-    // Checkpoints at steps 2, 4, 6, 8, 10 (12 is the final model).
+    // Checkpoints at steps 2, 4, 6, 8, 10 and the last, 12.
     let dir_guard = scratch_dir("limit");
     let dir = dir_guard.path();
     let run = TrainConfig {
@@ -644,9 +648,14 @@ fn save_total_limit_removes_the_oldest_checkpoints_but_never_the_best() {
     };
     assert_eq!(
         names(&removals.0),
-        ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+        [
+            "checkpoint-2",
+            "checkpoint-4",
+            "checkpoint-6",
+            "checkpoint-8"
+        ]
     );
-    assert_eq!(checkpoints_left(dir), ["checkpoint-10", "checkpoint-8"]);
+    assert_eq!(checkpoints_left(dir), ["checkpoint-10", "checkpoint-12"]);
 
     // With the best model (step 2) and a limit of 1: the best and the newest
     // stay, and the final model is still the best one.
@@ -663,7 +672,7 @@ fn save_total_limit_removes_the_oldest_checkpoints_but_never_the_best() {
     assert_eq!(summary.best_model.map(|b| b.step), Some(2));
     assert_eq!(
         checkpoints_left(best_dir),
-        ["checkpoint-10", "checkpoint-2"]
+        ["checkpoint-12", "checkpoint-2"]
     );
     let bytes = |dir: &Path| std::fs::read(dir.join("model.safetensors")).expect("model file");
     assert!(bytes(best_dir) == bytes(&best_dir.join("checkpoint-2")));

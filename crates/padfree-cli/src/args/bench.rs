@@ -193,6 +193,18 @@ pub struct BenchJob {
     pub child: Option<Child>,
 }
 
+/// `1st`, `2nd`, `3rd`, `4th`, ...
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, 11) | (2, 12) | (3, 13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
 impl BenchArgs {
     pub fn validate(self) -> anyhow::Result<BenchJob> {
         if self.max_steps == 0 {
@@ -200,6 +212,18 @@ impl BenchArgs {
         }
         if self.threads == Some(0) {
             bail!("--threads is 0\nHINT: give at least 1, or leave it out to use every core");
+        }
+        if let Some((i, mode)) = self
+            .modes
+            .iter()
+            .enumerate()
+            .find(|(i, mode)| self.modes[..*i].contains(mode))
+        {
+            bail!(
+                "--modes: `{}` is given twice (the {} entry repeats an earlier one)\nHINT: give each mode once; --repeats N runs every mode N times and reports the median and range",
+                mode.name(),
+                ordinal(i + 1)
+            );
         }
         let most_ranks = self.modes.iter().map(|m| m.ranks).max().unwrap_or(1);
         let bins_per_step = self.multipack_bins_per_step.unwrap_or(most_ranks);

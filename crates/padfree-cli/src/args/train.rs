@@ -85,17 +85,22 @@ pub struct TrainArgs {
     pub resume_from_checkpoint: Option<PathBuf>,
 
     /// The prompt field of prompt/completion records with other names.
-    #[arg(long, requires = "completion_field")]
+    #[arg(long, group = "prompt_source", requires = "completion_field")]
     pub prompt_field: Option<String>,
-    /// The completion field (with --prompt-field).
-    #[arg(long, requires = "prompt_field")]
+    /// The prompt built from several fields: `{field}` is a record's field,
+    /// `\n` a newline, `{{` a brace (e.g. '{passage}\n{question}'), with
+    /// --completion-field for the response.
+    #[arg(long, group = "prompt_source", requires = "completion_field")]
+    pub prompt_template: Option<String>,
+    /// The completion field (with --prompt-field or --prompt-template).
+    #[arg(long, requires = "prompt_source")]
     pub completion_field: Option<String>,
     /// The field holding chat messages (default: messages).
     #[arg(long)]
     pub messages_field: Option<String>,
     /// Every record is raw text in this field, the loss on every token
     /// (TRL's dataset_text_field; records of only `text` are read so anyway).
-    #[arg(long, conflicts_with_all = ["prompt_field", "messages_field"])]
+    #[arg(long, conflicts_with_all = ["prompt_source", "messages_field"])]
     pub dataset_text_field: Option<String>,
     /// Put the loss on the prompt too (default: on the response only).
     #[arg(long)]
@@ -315,6 +320,27 @@ impl TrainJob {
     }
 }
 
+/// Refuses a `--model` that is neither a model directory nor a GGUF file,
+/// before anything is loaded.
+fn check_model_path(path: &Path) -> anyhow::Result<()> {
+    const HINT: &str = "HINT: give a Hugging Face model directory (config.json + model.safetensors) or a .gguf file";
+    match std::fs::metadata(path) {
+        Err(err) => bail!("--model {}: {err}\n{HINT}", path.display()),
+        Ok(meta) if is_gguf(path) && !meta.is_file() => {
+            bail!("--model {}: not a file\n{HINT}", path.display())
+        }
+        Ok(meta) if !is_gguf(path) && !meta.is_dir() => bail!(
+            "--model {}: a file, but not a .gguf one\n{HINT}",
+            path.display()
+        ),
+        Ok(_) if !is_gguf(path) && !path.join("config.json").is_file() => bail!(
+            "--model {}: a directory without config.json\n{HINT}",
+            path.display()
+        ),
+        Ok(_) => Ok(()),
+    }
+}
+
 impl TrainArgs {
     pub fn validate(self) -> anyhow::Result<TrainJob> {
         let embedded_default = self.model.is_none()
@@ -336,8 +362,21 @@ impl TrainArgs {
                 )
             }
         };
-        if self.max_seq_len == 0 {
-            bail!("--max-seq-len must be at least 1");
+        if self.max_seq_len < 2 {
+            bail!(
+                "--max-seq-len {}: an example needs at least 2 tokens (a token is learned from the ones before it, so the first never carries loss)\nHINT: give --max-seq-len 2 or more (default 2048)",
+                self.max_seq_len
+            );
+        }
+        if let Some(path) = &self.model {
+            check_model_path(path)?;
+        }
+        if let Some(template) = &self.prompt_template
+            && let Err(message) = padfree_data::template_fields(template)
+        {
+            bail!(
+                "--prompt-template {template:?}: {message}\nHINT: e.g. --prompt-template '{{passage}}\\n{{question}}' --completion-field answer"
+            );
         }
         let batching = match (self.multipack, self.max_tokens_per_batch) {
             (true, budget) => Batching::Multipack(Multipack {
@@ -465,6 +504,7 @@ impl TrainArgs {
                 completion: self.completion_field,
                 messages: self.messages_field,
                 text: self.dataset_text_field,
+                prompt_template: self.prompt_template,
             },
             train_on_inputs: self.train_on_inputs,
             use_chat_template: self.use_chat_template,

@@ -2,14 +2,13 @@
 //! progress bar, and reports.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
     FieldNames, Record, SourceRecord, TextTokenizer, TokenizeConfig, read_records,
-    read_records_from_str, tokenize_records,
+    read_records_from_str, tokenize_records, unused_text_fields,
 };
 use padfree_model::check::Fault;
 use padfree_model::gguf::GgufFile;
@@ -21,7 +20,8 @@ use padfree_train::outputs::{
     lock_output_dir, prepare_output_dir,
 };
 use padfree_train::{
-    Batching, EvalSet, EvalStrategy, LogRecord, Observer, StepMetrics, TrainConfig, Trainer,
+    Batching, EvalSet, EvalStrategy, LogRecord, Observer, StepMetrics, TrainConfig, TrainError,
+    Trainer,
 };
 
 use crate::args::{ModelSource, TrainJob, is_gguf};
@@ -31,6 +31,15 @@ macro_rules! say {
     ($($arg:tt)*) => {
         if crate::ranks::is_lead() {
             println!($($arg)*);
+        }
+    };
+}
+
+/// A warning on standard error, from the lead rank only.
+macro_rules! warn {
+    ($($arg:tt)*) => {
+        if crate::ranks::is_lead() {
+            eprintln!("warning: {}", format!($($arg)*));
         }
     };
 }
@@ -152,8 +161,16 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         // Every rank checks its own first batches; after a resume, the
         // first of the run (the check proves the code on this data, not a
         // step).
-        super::check::verify_packing(&model, &dataset, &config, rank, batches, Fault::None)?;
+        let outcome =
+            super::check::verify_packing(&model, &dataset, &config, rank, batches, Fault::None)?;
+        if !outcome.isolation_tested {
+            warn!(
+                "--verify-packing: {}, so keeping examples apart was not tested; training goes on (batches of one example are not packed)\nHINT: `padfree check --per-device-train-batch-size 2` (or more) tests it",
+                padfree_model::check::ONE_EXAMPLE
+            );
+        }
     }
+    let (source, locations) = (dataset.source, dataset.locations);
     let mut trainer = match &verified {
         Some(dir) => Trainer::resume_on(
             comm,
@@ -163,7 +180,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             config.clone(),
             &job.output_dir,
             artifacts,
-        )?,
+        ),
         None => Trainer::new_on(
             comm,
             model,
@@ -171,8 +188,9 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             config.clone(),
             &job.output_dir,
             artifacts,
-        )?,
-    };
+        ),
+    }
+    .map_err(|err| with_record(err, &source, &locations))?;
     if let (Some(eval), Some(eval_dataset)) = (&job.eval, eval_dataset) {
         let eval = eval.settings;
         say!(
@@ -211,7 +229,12 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         },
         job.output_dir.display()
     );
-    let mut progress = Progress::new(trainer.plan().len(), trainer.global_step(), rank)?;
+    let mut progress = Progress::new(
+        trainer.plan().len(),
+        trainer.global_step(),
+        rank,
+        trainer.last_checkpoint(),
+    )?;
     let summary = trainer.train(&mut progress)?;
     progress.bar.finish_and_clear();
     say!("\n***** train metrics *****\n{summary}");
@@ -233,7 +256,8 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             " (the best: step {}, eval_loss {:.4}, from {})",
             best.step,
             best.eval_loss,
-            best.checkpoint
+            summary
+                .best_model_checkpoint
                 .as_deref()
                 .map_or_else(String::new, |dir| dir.display().to_string())
         ),
@@ -262,17 +286,18 @@ pub struct Loaded {
 /// Loads the model, tokenizer and data of `job`, printing what was loaded.
 pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
     let (data_name, records) = read_data(
+        "data",
         job.data.as_deref(),
         (EMBEDDED_DATA_NAME, EMBEDDED_DATA),
         &job.fields,
     )?;
+    let resuming = job.resume_from_checkpoint.is_some();
     // A preset's vocabulary grows to hold the tokenizer (the given one, else
     // the shipped one, unless the data is all token ids); it never shrinks,
-    // so a preset keeps the size its benchmarks were measured at.
+    // so a preset keeps the size its benchmarks were measured at. On resume
+    // the same rule says what the checkpoint's model must be.
     let preset = match &job.model {
-        ModelSource::Init(name) if job.resume_from_checkpoint.is_none() => {
-            LlamaConfig::named(name).map(|config| (name, config))
-        }
+        ModelSource::Init(name) => LlamaConfig::named(name).map(|config| (name, config)),
         _ => None,
     };
     let preset_tokenizer = match preset {
@@ -291,12 +316,14 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
     };
     let preset_vocab = match (&preset, &preset_tokenizer) {
         (Some((name, config)), Some(tokenizer)) if tokenizer.vocab_size() > config.vocab_size => {
-            say!(
-                "vocabulary: {} tokens, from the tokenizer {} (the preset `{name}` has {}; it grows to hold the tokenizer)",
-                tokenizer.vocab_size(),
-                tokenizer.source_name(),
-                config.vocab_size
-            );
+            if !resuming {
+                say!(
+                    "vocabulary: {} tokens, from the tokenizer {} (the preset `{name}` has {}; it grows to hold the tokenizer)",
+                    tokenizer.vocab_size(),
+                    tokenizer.source_name(),
+                    config.vocab_size
+                );
+            }
             Some(tokenizer.vocab_size())
         }
         _ => None,
@@ -314,11 +341,13 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
         config.num_parameters() as f64 / 1e6
     );
     let tokenizer = match preset_tokenizer {
-        Some(tokenizer) => Some(tokenizer),
-        None => load_tokenizer(job, config.vocab_size)?,
+        // On resume the checkpoint's own tokenizer files (the same tokens).
+        Some(tokenizer) if !resuming => Some(tokenizer),
+        _ => load_tokenizer(job, config.vocab_size)?,
     };
     if let Some(tokenizer) = &tokenizer {
         check_vocabularies(tokenizer, &config)?;
+        warn_if_not_the_models_tokenizer(job, tokenizer)?;
         say!(
             "tokenizer: {} ({} tokens)",
             tokenizer.source_name(),
@@ -333,15 +362,18 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
         overlong: job.overlong,
         vocab_limit: config.vocab_size,
     };
+    warn_unused_fields(&data_name, &records);
     let dataset = tokenize_records(&data_name, &records, tokenizer.as_ref(), &tokenize)?;
     say!("data: {}: {}", data_name.display(), dataset.report);
     let eval_dataset = match &job.eval {
         Some(eval) => {
             let (name, records) = read_data(
+                "eval-data",
                 eval.data.as_deref(),
                 (EMBEDDED_EVAL_DATA_NAME, EMBEDDED_EVAL_DATA),
                 &job.fields,
             )?;
+            warn_unused_fields(&name, &records);
             let eval_dataset = tokenize_records(&name, &records, tokenizer.as_ref(), &tokenize)?;
             say!("eval data: {}: {}", name.display(), eval_dataset.report);
             Some(eval_dataset)
@@ -356,20 +388,93 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
     })
 }
 
-/// The records of `path`, or without one those of the shipped file
-/// `embedded` (its name and text), with the name they are reported under.
+/// The records of `path` (given by `--flag`), or without one those of the
+/// shipped file `embedded` (its name and text), with the name they are
+/// reported under.
 fn read_data(
+    flag: &str,
     path: Option<&Path>,
     (embedded_name, embedded_text): (&str, &str),
     fields: &FieldNames,
 ) -> anyhow::Result<(PathBuf, Vec<SourceRecord>)> {
     Ok(match path {
-        Some(path) => (path.to_owned(), read_records(path, fields)?),
+        Some(path) => {
+            match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => bail!(
+                    "--{flag} {}: a directory, not a data file\nHINT: give a JSONL file (one JSON object per line) or a JSON array",
+                    path.display()
+                ),
+                Ok(_) => {}
+                Err(err) => bail!(
+                    "--{flag} {}: {err}\nHINT: give an existing, readable JSONL or JSON file",
+                    path.display()
+                ),
+            }
+            (path.to_owned(), read_records(path, fields)?)
+        }
         None => (
             PathBuf::from(embedded_name),
             read_records_from_str(Path::new(embedded_name), embedded_text, fields)?,
         ),
     })
+}
+
+/// Names the text fields of `file` that no record's shape trains on.
+fn warn_unused_fields(file: &Path, records: &[SourceRecord]) {
+    for field in unused_text_fields(records) {
+        warn!(
+            "{}: field `{}` holds text in {} of {} records (the first at {}), but their record shape does not use it: it is not trained on\nHINT: to train on it, build the prompt from it with --prompt-template (e.g. --prompt-template '{{{}}}\\n{{question}}' --completion-field answer), name it with --prompt-field/--completion-field or --dataset-text-field, or drop it from the file to silence this",
+            file.display(),
+            field.name,
+            field.records,
+            records.len(),
+            field.first,
+            field.name
+        );
+    }
+}
+
+/// A trainer error that names an example by its index, named by its record
+/// (`file:line N`) instead.
+pub fn with_record(err: TrainError, source: &Path, locations: &[String]) -> anyhow::Error {
+    if let TrainError::ExampleTooLong { index, .. } = &err
+        && let Some(location) = locations.get(*index)
+    {
+        return anyhow!("{}:{location}: {err}", source.display());
+    }
+    err.into()
+}
+
+/// Warns when `--tokenizer` maps ids to other tokens than the model's own
+/// tokenizer (a GGUF's, an HF directory's or a checkpoint's): the model
+/// would read every id as another token.
+fn warn_if_not_the_models_tokenizer(job: &TrainJob, given: &TextTokenizer) -> anyhow::Result<()> {
+    if job.tokenizer.is_none() {
+        return Ok(());
+    }
+    let own_file = match (&job.resume_from_checkpoint, &job.model) {
+        (Some(dir), _) => Some(dir.join("tokenizer.json")),
+        (None, ModelSource::Gguf(path)) => Some(path.clone()),
+        (None, ModelSource::HfDir(dir)) => Some(dir.join("tokenizer.json")),
+        (None, ModelSource::Init(_)) => None,
+    };
+    let Some(own_file) = own_file.filter(|f| f.is_file()) else {
+        return Ok(());
+    };
+    let own = load_tokenizer_file(&own_file)?;
+    let difference = given.differences_from(&own);
+    if let (true, Some((id, ours, theirs))) = (difference.disagrees(), &difference.first) {
+        warn!(
+            "--tokenizer {} is not the model's own tokenizer ({}): {} of the {} ids both have mean other tokens (id {id} is {ours:?} here, {theirs:?} to the model); vocabularies {} and {}\nHINT: leave out --tokenizer to use the model's own, or give the one it was trained with",
+            given.source_name(),
+            own.source_name(),
+            difference.differing,
+            difference.sizes.0.min(difference.sizes.1),
+            difference.sizes.0,
+            difference.sizes.1
+        );
+    }
+    Ok(())
 }
 
 fn describe_model(job: &TrainJob) -> String {
@@ -398,7 +503,13 @@ fn load_model(job: &TrainJob, preset_vocab: Option<usize>) -> anyhow::Result<Lla
                 ModelSource::Gguf(path) => LlamaModel::from_gguf(path, &cpu_device(false))?
                     .config()
                     .clone(),
-                ModelSource::Init(name) => init_config(name)?,
+                ModelSource::Init(name) => {
+                    let mut config = init_config(name)?;
+                    if let Some(vocab) = preset_vocab {
+                        config.vocab_size = vocab;
+                    }
+                    config
+                }
             };
             if let Some(difference) = shape_difference(&given, model.config()) {
                 bail!(
@@ -588,12 +699,47 @@ fn check_vocabularies(tokenizer: &TextTokenizer, config: &LlamaConfig) -> anyhow
 /// The progress bar, log lines and Ctrl-C.
 struct Progress {
     bar: ProgressBar,
-    stop: Arc<AtomicBool>,
+    signals: Arc<Mutex<Signals>>,
     rank: usize,
 }
 
+/// What Ctrl-C (SIGTERM, SIGHUP) has asked for, and what is being written.
+///
+/// The first signal stops training after the current step and saves it. A
+/// second one quits at once, unless a checkpoint or the final model is
+/// being written: then it quits as soon as that is complete, so no save is
+/// lost half-way. A third one during the write abandons it (its temporary
+/// directory is removed at the next start). The handler and the trainer
+/// change this under one lock, so a write cannot begin between the
+/// handler's look and its exit.
+#[derive(Debug, Default)]
+struct Signals {
+    stop: bool,
+    writing: bool,
+    quit_after_write: bool,
+    last_saved: Option<PathBuf>,
+}
+
+impl Signals {
+    fn last_saved(&self) -> String {
+        match &self.last_saved {
+            Some(dir) => format!("; resume with --resume-from-checkpoint {}", dir.display()),
+            None => String::new(),
+        }
+    }
+}
+
+fn lock(signals: &Mutex<Signals>) -> std::sync::MutexGuard<'_, Signals> {
+    signals.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Progress {
-    fn new(total_steps: usize, done: usize, rank: usize) -> anyhow::Result<Self> {
+    fn new(
+        total_steps: usize,
+        done: usize,
+        rank: usize,
+        resumed_from: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let bar = if crate::ranks::is_lead() {
             ProgressBar::new(total_steps as u64)
         } else {
@@ -606,19 +752,38 @@ impl Progress {
             .progress_chars("=> "),
         );
         bar.set_position(done as u64);
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
+        let signals = Arc::new(Mutex::new(Signals {
+            last_saved: resumed_from.map(Path::to_owned),
+            ..Signals::default()
+        }));
+        let shared = Arc::clone(&signals);
         ctrlc::set_handler(move || {
-            if flag.swap(true, Ordering::SeqCst) {
-                // A second Ctrl-C (or SIGTERM, SIGHUP: ctrlc's
-                // `termination` feature): leave now. Every file is written through a
-                // temporary and a rename, so nothing half-written remains.
+            let mut signals = lock(&shared);
+            if !signals.stop {
+                signals.stop = true;
+                eprintln!(
+                    "\nCtrl-C or SIGTERM: stopping after this step and saving a checkpoint (again: quit without saving)"
+                );
+            } else if signals.writing && !signals.quit_after_write {
+                signals.quit_after_write = true;
+                eprintln!(
+                    "\nCtrl-C again: a checkpoint is being written; quitting as soon as it is complete (a third time: abandon it)"
+                );
+            } else if signals.writing {
+                eprintln!(
+                    "\nCtrl-C a third time: quitting, abandoning the checkpoint being written (its temporary directory is removed at the next start){}",
+                    signals.last_saved()
+                );
+                std::process::exit(i32::from(INTERRUPTED_EXIT));
+            } else {
+                // Every file is written through a temporary and a rename, and
+                // nothing is being written: nothing half-written remains.
+                eprintln!("\nCtrl-C again: quitting now{}", signals.last_saved());
                 std::process::exit(i32::from(INTERRUPTED_EXIT));
             }
-            eprintln!("\nCtrl-C or SIGTERM: stopping after this step and saving a checkpoint (Ctrl-C again to quit now)");
         })
         .context("installing the Ctrl-C handler")?;
-        Ok(Self { bar, stop, rank })
+        Ok(Self { bar, signals, rank })
     }
 }
 
@@ -657,7 +822,24 @@ impl Observer for Progress {
     }
 
     fn on_save(&mut self, dir: &Path) {
+        lock(&self.signals).last_saved = Some(dir.to_owned());
         self.line(&format!("saved {}", dir.display()));
+    }
+
+    fn on_writing(&mut self, writing: bool) {
+        let mut signals = lock(&self.signals);
+        signals.writing = writing;
+        if !writing && signals.quit_after_write {
+            eprintln!(
+                "the write is complete: quitting (second Ctrl-C){}",
+                signals.last_saved()
+            );
+            std::process::exit(i32::from(INTERRUPTED_EXIT));
+        }
+    }
+
+    fn on_note(&mut self, note: &str) {
+        self.line(&format!("note: {note}"));
     }
 
     fn on_remove(&mut self, dir: &Path) {
@@ -665,6 +847,6 @@ impl Observer for Progress {
     }
 
     fn stop_requested(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
+        lock(&self.signals).stop
     }
 }

@@ -136,7 +136,7 @@ impl Attention<'_> {
                 let meta = BatchMeta::derive_from_position_ids(position_ids).map_err(|source| {
                     ModelError::Pack {
                         what: "position_ids",
-                        source,
+                        cause: source,
                     }
                 })?;
                 match kernel {

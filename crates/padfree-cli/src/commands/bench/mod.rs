@@ -92,8 +92,7 @@ pub fn run(args: &BenchJob) -> anyhow::Result<()> {
         return run_child(args, child.mode, &child.result);
     }
     let output_dir = args.output_dir.clone();
-    std::fs::create_dir_all(&output_dir)
-        .with_context(|| format!("creating {}", output_dir.display()))?;
+    check_writable(&output_dir)?;
     let peer_python = match &args.peer {
         Some(Peer::Python(python)) => Some(python.clone()),
         Some(Peer::Setup) => Some(peer::environment()?),
@@ -116,28 +115,93 @@ pub fn run(args: &BenchJob) -> anyhow::Result<()> {
             ))
     );
     let mut runs = Vec::new();
+    // A run that fails leaves the others standing: they are reported, the
+    // failure beside them, and the command then fails.
+    let mut failures: Vec<Failure> = Vec::new();
+    let mut keep = |mode: String, result: anyhow::Result<ModeResult>| match result {
+        Ok(run) => runs.push(run),
+        Err(err) => {
+            eprintln!("error: the {mode} run failed: {err:#}");
+            failures.push(Failure {
+                mode,
+                error: last_lines(&format!("{err:#}"), 20),
+            });
+        }
+    };
     for round in 1..=args.repeats {
         if args.repeats > 1 {
             println!("round {round} of {}", args.repeats);
         }
         for &mode in &args.modes {
-            runs.push(run_mode(args, mode, &output_dir)?);
+            keep(mode.name(), run_mode(args, mode, &output_dir));
         }
         if let Some((python, peer_dir)) = &peer {
             for mode in ["padded", "flattening"] {
-                runs.push(peer::run_mode(args, python, peer_dir, mode)?);
+                keep(
+                    format!("hf-{mode}"),
+                    peer::run_mode(args, python, peer_dir, mode),
+                );
             }
         }
     }
-    let report = Report::new(args, runs, peak);
+    let report = Report::new(args, runs, failures, peak);
     println!("\n{}", report.table());
     println!("{}", report.findings());
     report.write(&output_dir)?;
     println!(
-        "\nwrote {}/bench.md, bench.json, bench.png",
-        output_dir.display()
+        "\nwrote {}/bench.md, bench.json{}",
+        output_dir.display(),
+        if report.has_results() {
+            ", bench.png"
+        } else {
+            ""
+        }
     );
+    if let Some(first) = report.failures().first() {
+        bail!(
+            "{} of the runs failed ({}); the others are in {}/bench.md\n{}",
+            report.failures().len(),
+            report
+                .failures()
+                .iter()
+                .map(|f| f.mode.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            output_dir.display(),
+            first.error
+        );
+    }
     Ok(())
+}
+
+/// A run that failed, and the end of what it said.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    pub mode: String,
+    pub error: String,
+}
+
+/// The last `count` lines of `text`.
+fn last_lines(text: &str, count: usize) -> String {
+    let lines: Vec<&str> = text.trim_end().lines().collect();
+    lines[lines.len().saturating_sub(count)..].join("\n")
+}
+
+/// Refuses an output directory the reports could not be written to, before
+/// any run: found after minutes of training otherwise.
+fn check_writable(dir: &Path) -> anyhow::Result<()> {
+    let hint = "HINT: choose a directory this user can create and write (--output-dir)";
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--output-dir {}: cannot be created\n{hint}", dir.display()))?;
+    let probe = dir.join(format!(".write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|err| {
+            anyhow::anyhow!(
+                "--output-dir {}: not writable: {err}\n{hint}",
+                dir.display()
+            )
+        })
 }
 
 /// Side of the calibration matmul: large enough for gemm's best blocking.
@@ -269,6 +333,7 @@ fn timed_run(
     let config = loaded.model.config().clone();
     let mut model_flops = 0.0;
     let lengths: Vec<usize> = loaded.dataset.examples.iter().map(|e| e.len()).collect();
+    let (source, locations) = (loaded.dataset.source, loaded.dataset.locations);
     let mut trainer = Trainer::new_on(
         comm,
         loaded.model,
@@ -276,7 +341,8 @@ fn timed_run(
         job.train_config(&lengths),
         scratch,
         Vec::new(),
-    )?;
+    )
+    .map_err(|err| train::with_record(err, &source, &locations))?;
     let (mut seconds, mut real, mut fed, mut samples) = (0.0, 0, 0, 0);
     let mut step_losses = Vec::new();
     for step in 0..trainer.plan().len() {

@@ -7,7 +7,7 @@ use std::path::Path;
 use padfree_train::checkpoint::write_atomically;
 use serde::Serialize;
 
-use super::{ModeResult, Peak};
+use super::{Failure, ModeResult, Peak};
 use crate::args::{BenchJob, BenchMode};
 use crate::clock::utc_timestamp;
 
@@ -71,10 +71,18 @@ pub(super) struct Report {
     results: Vec<ModeResult>,
     /// Every run, in the order they ran.
     runs: Vec<ModeResult>,
+    /// The runs that failed, with the end of what they said.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    failures: Vec<Failure>,
 }
 
 impl Report {
-    pub(super) fn new(args: &BenchJob, mut runs: Vec<ModeResult>, peak: Peak) -> Self {
+    pub(super) fn new(
+        args: &BenchJob,
+        mut runs: Vec<ModeResult>,
+        failures: Vec<Failure>,
+        peak: Peak,
+    ) -> Self {
         let command = std::env::args().collect::<Vec<_>>().join(" ");
         // Every run trains on the same batches: one count serves all.
         let model_flops = runs.iter().find_map(|r| r.model_flops);
@@ -91,7 +99,35 @@ impl Report {
             peak,
             results: medians(&runs),
             runs,
+            failures,
         }
+    }
+
+    /// The runs that failed.
+    pub(super) fn failures(&self) -> &[Failure] {
+        &self.failures
+    }
+
+    /// Whether any run finished.
+    pub(super) fn has_results(&self) -> bool {
+        !self.results.is_empty()
+    }
+
+    /// The failed runs as markdown, empty when none failed.
+    fn failures_section(&self) -> String {
+        if self.failures.is_empty() {
+            return String::new();
+        }
+        let mut out = String::from(
+            "\n## Runs that failed\n\nThe table above holds the runs that finished.\n",
+        );
+        for failure in &self.failures {
+            out.push_str(&format!(
+                "\n- `{}`:\n\n```\n{}\n```\n",
+                failure.mode, failure.error
+            ));
+        }
+        out
     }
 
     /// `min-max` real tokens/s over a mode's runs.
@@ -266,7 +302,7 @@ impl Report {
 
     pub(super) fn write(&self, dir: &Path) -> anyhow::Result<()> {
         let markdown = format!(
-            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\n{}\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process (a mode on N ranks in N processes under mpirun, sharing the threads) from the same initial weights; the fixed-batch rows (padfree's and HF's) train on the same batches, the multipack rows on the same bins; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n\nPer-step losses are in bench.json.\n",
+            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\n{}\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process (a mode on N ranks in N processes under mpirun, sharing the threads) from the same initial weights; the fixed-batch rows (padfree's and HF's) train on the same batches, the multipack rows on the same bins; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n{}\nPer-step losses are in bench.json.\n",
             self.date,
             self.machine,
             self.command,
@@ -274,10 +310,14 @@ impl Report {
             self.threads,
             self.repeats,
             self.table(),
-            self.findings()
+            self.findings(),
+            self.failures_section()
         );
         write_atomically(&dir.join("bench.md"), markdown.as_bytes())?;
         write_atomically(&dir.join("bench.json"), &serde_json::to_vec_pretty(self)?)?;
+        if !self.has_results() {
+            return Ok(());
+        }
         let bars: Vec<padfree_plot::Bar> = self
             .results
             .iter()
