@@ -542,3 +542,243 @@ fn input_memory_and_disk_are_bounded_before_any_work() {
         assert!(!out.join("metrics.jsonl").exists(), "no step was taken");
     }
 }
+
+/// SIGTERM twice while a checkpoint is being written: the first asks to
+/// stop and save, the second to quit; the write being done is finished
+/// first, so the checkpoint is whole and no temporary is left.
+#[test]
+fn a_second_sigterm_during_a_checkpoint_write_finishes_it_before_quitting() {
+    use std::io::BufRead;
+    let guard = scratch("second-sigterm");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let out = dir.join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_padfree"))
+        .args(train_args(&config, &data, &out, 6, 2))
+        .env("PADFREE_WRITE_DELAY_MS", "1500")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs padfree");
+    let (lines, seen) = std::sync::mpsc::channel::<String>();
+    let reader = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let collector = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in reader.lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+            lines.send(line).ok();
+        }
+        all
+    });
+    let wait_line = |what: &str| {
+        let started = Instant::now();
+        loop {
+            let left = Duration::from_secs(60).saturating_sub(started.elapsed());
+            let line = seen
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no {what}"));
+            if line.contains(what) {
+                return;
+            }
+        }
+    };
+    wait_line("PADFREE_WRITE_DELAY_MS: writing");
+    signal(&child, "TERM");
+    wait_line("stopping after this step");
+    signal(&child, "TERM");
+    let status = child.wait().expect("waits");
+    let text = collector.join().expect("stderr");
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(
+        text.contains("a checkpoint is being written; quitting as soon as it is complete")
+            && text.contains("the write is complete: quitting"),
+        "{text}"
+    );
+    let checkpoints = checkpoints_in(&out);
+    assert_eq!(
+        checkpoints,
+        [out.join("checkpoint-2")],
+        "whole, and nothing half-written beside it: {text}"
+    );
+    let leftovers: Vec<String> = std::fs::read_dir(&out)
+        .expect("out")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(out.join("checkpoint-2/integrity.json").is_file());
+}
+
+/// A path a flag names that cannot be used is refused before any work,
+/// naming the flag, with the operating system's reason once and a HINT.
+#[test]
+fn unusable_paths_are_refused_by_their_flag_with_the_reason_once() {
+    let guard = scratch("paths");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let file = dir.join("a-file");
+    std::fs::write(&file, b"").expect("write");
+    let missing = dir.join("missing.jsonl").display().to_string();
+    let under_file = file.join("out").display().to_string();
+    let file_name = file.display().to_string();
+    let cases: [(Vec<&str>, String); 4] = [
+        (
+            vec!["--eval-data", &missing],
+            format!("--eval-data {missing}: No such file or directory (os error 2)"),
+        ),
+        (
+            vec!["--output-dir", &under_file],
+            format!("--output-dir {under_file}: cannot be created: Not a directory (os error 20)"),
+        ),
+        (
+            vec!["--model", &missing],
+            format!("--model {missing}: No such file or directory (os error 2)"),
+        ),
+        (
+            vec!["--data", &file_name],
+            "the file holds no records".to_owned(),
+        ),
+    ];
+    let out = dir.join("out").display().to_string();
+    for (flags, expected) in cases {
+        // The case's flag in place of the default one (--model in place
+        // of --config).
+        let mut args: Vec<String> = vec!["train".into(), "--max-steps".into(), "1".into()];
+        for (flag, default) in [
+            ("--config", &config),
+            ("--data", &data),
+            ("--output-dir", &out),
+        ] {
+            let given = flags[0] == flag || (flag == "--config" && flags[0] == "--model");
+            if !given {
+                args.extend([flag.to_owned(), default.clone()]);
+            }
+        }
+        args.extend(flags.iter().map(|s| (*s).to_owned()));
+        let output = run(&args);
+        let err = stderr(&output);
+        assert!(!output.status.success(), "{flags:?}");
+        assert!(err.contains(&expected), "{flags:?}: {err}");
+        assert!(err.contains("\nHINT: "), "{flags:?}: {err}");
+        assert!(
+            !err.contains("--data names"),
+            "a HINT about another flag: {err}"
+        );
+        assert!(
+            err.matches("(os error").count() <= 1,
+            "the reason is printed once: {err}"
+        );
+    }
+}
+
+/// A file named like a checkpoint in the output directory is refused
+/// before training, with a HINT about it (not about disk space).
+#[test]
+fn a_file_in_the_way_of_a_checkpoint_is_refused_before_training() {
+    let guard = scratch("in-the-way");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let out = dir.join("run");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    std::fs::write(out.join("checkpoint-1"), b"my notes").expect("write");
+    let output = run(&with(
+        train_args(&config, &data, &out, 2, 1),
+        &["--overwrite-output-dir"],
+    ));
+    let err = stderr(&output);
+    assert!(!output.status.success());
+    assert!(
+        err.contains("checkpoint-1: is a file, not a checkpoint directory")
+            && err.contains("HINT: move or rename"),
+        "{err}"
+    );
+    assert!(!err.contains("disk space"), "{err}");
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("training:"));
+    assert_eq!(read(&out.join("checkpoint-1")), b"my notes");
+}
+
+/// An example no micro-batch can hold is named by its record, with one HINT
+/// that says how far to raise the limit.
+#[test]
+fn an_example_longer_than_the_micro_batch_limit_is_named_by_its_record() {
+    let guard = scratch("too-long");
+    let dir = guard.path();
+    let config = common::tiny_config_with_shipped_vocab(dir);
+    let data = dir.join("ids.jsonl");
+    let ids = |n: usize| {
+        (0..n)
+            .map(|i| (i % 50).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    std::fs::write(
+        &data,
+        format!(
+            "{{\"input_ids\": [{}]}}\n{{\"input_ids\": [{}]}}\n\n{{\"input_ids\": [{}]}}\n",
+            ids(10),
+            ids(12),
+            ids(40)
+        ),
+    )
+    .expect("write");
+    for multipack in [true, false] {
+        let mut args = vec![
+            "train".to_owned(),
+            "--config".into(),
+            config.clone(),
+            "--data".into(),
+            data.display().to_string(),
+            "--max-tokens-per-batch".into(),
+            "30".into(),
+            "--output-dir".into(),
+            dir.join(format!("out-{multipack}")).display().to_string(),
+        ];
+        if multipack {
+            args.push("--multipack".into());
+        }
+        let output = run(&args);
+        let err = stderr(&output);
+        assert!(!output.status.success());
+        assert!(
+            err.contains(&format!(
+                "{}:line 4: --max-tokens-per-batch: example 2 has 40 tokens",
+                data.display()
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains("raise --max-tokens-per-batch to at least 40"),
+            "{err}"
+        );
+        assert_eq!(err.matches("HINT:").count(), 1, "{err}");
+    }
+}
+
+/// Hints that fit: one-token examples are not told to train on inputs.
+#[test]
+fn one_token_examples_get_a_hint_that_fits() {
+    let guard = scratch("one-token");
+    let dir = guard.path();
+    let data = dir.join("ids.jsonl");
+    std::fs::write(&data, "{\"input_ids\": [5]}\n{\"input_ids\": [7]}\n").expect("write");
+    for extra in [&[][..], &["--train-on-inputs"][..]] {
+        let mut args: Vec<String> = [
+            "train",
+            "--config",
+            "tiny",
+            "--data",
+            &data.display().to_string(),
+            "--output-dir",
+            &dir.join("out").display().to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let err = stderr(&run(&args));
+        assert!(err.contains("every example is a single token"), "{err}");
+        assert!(!err.contains("pass --train-on-inputs"), "{err}");
+    }
+}

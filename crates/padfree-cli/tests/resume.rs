@@ -375,3 +375,40 @@ fn a_preset_whose_vocabulary_grew_resumes_with_the_same_flags() {
         stderr(&output)
     );
 }
+
+#[test]
+fn a_run_resumed_into_another_directory_keeps_its_best_model_where_it_is() {
+    let guard = scratch("resume-elsewhere");
+    let dir = guard.path();
+    let first = dir.join("first");
+    let flags = with_eval(dir, 99);
+    succeeds(&overfitting_args(dir, &first, &flags));
+    let best_step = results(&first)["best_model"]["step"]
+        .as_u64()
+        .expect("a best model");
+    assert!(
+        best_step < 10,
+        "the run must overfit: best at step {best_step}"
+    );
+    let best = first.join(format!("checkpoint-{best_step}"));
+    // Resumed from the first run's checkpoint into a new directory: the
+    // best stays in the first run's, and the new state names it there.
+    let second = dir.join("second");
+    succeeds(&resume_from(
+        overfitting_args(dir, &second, &flags),
+        &first.join("checkpoint-10"),
+    ));
+    assert!(model(&second) == model(&best));
+    assert_eq!(checkpoints(&second), ["checkpoint-12"]);
+    // Resumed again from the new directory's own checkpoint (the finished
+    // run, no steps left): the best is still found.
+    let stdout = succeeds(&resume_from(
+        overfitting_args(dir, &second, &flags),
+        &second.join("checkpoint-12"),
+    ));
+    assert!(model(&second) == model(&best), "{stdout}");
+    assert!(
+        stdout.contains("no steps (resumed at step 12, the run's end)"),
+        "{stdout}"
+    );
+}

@@ -118,7 +118,33 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
 
 #[test]
 fn conflicting_or_invalid_flags_are_refused() {
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 14] = [
+        (
+            &["train", "--max-seq-len", "1"],
+            "--max-seq-len 1: an example needs at least 2 tokens",
+        ),
+        (
+            &["bench", "--modes", "padded,varlen,padded"],
+            "--modes: `padded` is given twice (the 3rd entry",
+        ),
+        (
+            &["train", "--completion-field", "answer"],
+            "--prompt-field <PROMPT_FIELD>|--prompt-template <PROMPT_TEMPLATE>",
+        ),
+        (
+            &[
+                "train",
+                "--prompt-template",
+                "{passage",
+                "--completion-field",
+                "answer",
+            ],
+            "--prompt-template \"{passage\": `{passage` is not closed",
+        ),
+        (
+            &["train", "--model", "no-such-model"],
+            "--model no-such-model: No such file or directory",
+        ),
         (
             &["train", "--padding-free", "false", "--attention", "varlen"],
             "--padding-free false",
@@ -610,4 +636,150 @@ fn the_peer_runs_without_padfrees_malloc_tuning() {
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("MFU vs calibration"), "{stdout}");
+}
+
+#[test]
+fn bench_keeps_the_runs_that_finished_when_one_fails_and_checks_its_directory_first() {
+    // The HF peer cannot start (`false` is its Python): the padfree row that
+    // finished is still reported, the failure beside it, and the command fails.
+    let (_guard, out, output) = bench(
+        "bench-failing",
+        &["--modes", "varlen", "--peer-python", "false"],
+    );
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains("2 of the runs failed (hf-padded, hf-flattening)"),
+        "{err}"
+    );
+    let report = std::fs::read_to_string(out.join("bench.md")).expect("bench.md");
+    assert!(report.contains("padfree, padding-free, metadata from the collator"));
+    assert!(report.contains("## Runs that failed") && report.contains("`hf-padded`"));
+    assert!(out.join("bench.json").is_file() && out.join("bench.png").is_file());
+
+    // An output directory that cannot be written is refused before a run.
+    let dir = scratch("bench-unwritable");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").expect("write");
+    let target = file.join("out").display().to_string();
+    let output = padfree(&["bench", "--config", "tiny", "--output-dir", &target]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains(&format!("--output-dir {target}: cannot be created")),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("running"));
+}
+
+#[test]
+fn text_fields_no_record_shape_uses_are_named_and_a_template_maps_them() {
+    let dir_guard = scratch("unused-fields");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
+    let data = dir.join("asdiv.jsonl");
+    let records: String = (0..8)
+        .map(|i| {
+            format!(
+                "{{\"passage\": \"Ann has {i} apples and buys 2 more.\", \"question\": \"How many apples?\", \"answer\": \"{}\", \"id\": \"nluds-{i}\"}}\n",
+                i + 2
+            )
+        })
+        .collect();
+    std::fs::write(&data, records).expect("write");
+    let train = |name: &str, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--config",
+            &config,
+            "--data",
+            data.to_str().expect("utf-8"),
+            "--max-steps",
+            "1",
+        ];
+        let out = dir.join(name).display().to_string();
+        args.extend(["--output-dir", &out]);
+        args.extend(extra);
+        let output = padfree(&args);
+        assert!(output.status.success(), "{}", stderr(&output));
+        stderr(&output)
+    };
+    let err = train("plain", &[]);
+    assert!(
+        err.contains(&format!(
+            "warning: {}: field `passage` holds text in 8 of 8 records (the first at line 1), but their record shape does not use it",
+            data.display()
+        )) && err.contains("HINT: to train on it, build the prompt from it with --prompt-template"),
+        "{err}"
+    );
+    assert!(!err.contains("`id`"), "{err}");
+    let err = train(
+        "template",
+        &[
+            "--prompt-template",
+            r"{passage}\n{question}",
+            "--completion-field",
+            "answer",
+        ],
+    );
+    assert!(!err.contains("warning"), "{err}");
+}
+
+#[test]
+fn a_tokenizer_that_is_not_the_models_own_is_warned_about() {
+    let dir_guard = scratch("other-tokenizer");
+    let dir = dir_guard.path();
+    let (config, data) = tiny_model_and_data(dir, 8);
+    let model = dir.join("model");
+    let data = data.display().to_string();
+    let first = padfree(&[
+        "train",
+        "--config",
+        &config,
+        "--data",
+        &data,
+        "--max-steps",
+        "1",
+        "--output-dir",
+        model.to_str().expect("utf-8"),
+    ]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    // The shipped tokenizer with its ids reversed: same size, other tokens.
+    let mut json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(model.join("tokenizer.json")).expect("tokenizer"),
+    )
+    .expect("json");
+    let vocab = json["model"]["vocab"].as_object_mut().expect("vocab");
+    let size = vocab.len() as u64;
+    for id in vocab.values_mut() {
+        *id = serde_json::json!(size - 1 - id.as_u64().expect("id"));
+    }
+    let other = dir.join("reversed/tokenizer.json");
+    std::fs::create_dir_all(other.parent().expect("dir")).expect("mkdir");
+    std::fs::write(&other, json.to_string()).expect("write");
+    let run = |tokenizer: &Path, name: &str| {
+        let output = padfree(&[
+            "train",
+            "--model",
+            model.to_str().expect("utf-8"),
+            "--tokenizer",
+            tokenizer.to_str().expect("utf-8"),
+            "--data",
+            &data,
+            "--max-steps",
+            "1",
+            "--output-dir",
+            dir.join(name).to_str().expect("utf-8"),
+        ]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        stderr(&output)
+    };
+    let err = run(&other, "other");
+    assert!(
+        err.contains("is not the model's own tokenizer")
+            && err.contains("4096 of the 4096 ids they share stand for other tokens")
+            && err.contains("HINT: leave out --tokenizer"),
+        "{err}"
+    );
+    assert!(!run(&model.join("tokenizer.json"), "own").contains("warning"));
 }

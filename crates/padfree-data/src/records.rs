@@ -486,53 +486,53 @@ fn record_from_object(object: &Map<String, Value>, fields: &FieldNames) -> Resul
     if let (Some(template), Some(completion)) = (&fields.prompt_template, &fields.completion) {
         return Ok(Record::PromptCompletion {
             prompt: render_template(object, template)?,
-            completion: text_field(&object, completion)?,
+            completion: text_field(object, completion)?,
         });
     }
     if let (Some(prompt), Some(completion)) = (&fields.prompt, &fields.completion) {
         return Ok(Record::PromptCompletion {
-            prompt: text_field(&object, prompt)?,
-            completion: text_field(&object, completion)?,
+            prompt: text_field(object, prompt)?,
+            completion: text_field(object, completion)?,
         });
     }
     if let Some(field) = &fields.text {
         return Ok(Record::Text {
-            text: text_field(&object, field)?,
+            text: text_field(object, field)?,
         });
     }
     let has = |name: &str| object.contains_key(name);
     if has("input_ids") {
-        return tokenized_record(&object);
+        return tokenized_record(object);
     }
     if has(fields.messages()) {
-        return chat_record(&object, fields.messages());
+        return chat_record(object, fields.messages());
     }
     if has("instruction") || has("output") {
         let input = match object.get("input") {
             None | Some(Value::Null) => String::new(),
-            Some(_) => string_field(&object, "input")?,
+            Some(_) => string_field(object, "input")?,
         };
         return Ok(Record::Alpaca {
-            instruction: text_field(&object, "instruction")?,
+            instruction: text_field(object, "instruction")?,
             input,
-            output: text_field(&object, "output")?,
+            output: text_field(object, "output")?,
         });
     }
     if has("question") || has("answer") {
         return Ok(Record::QuestionAnswer {
-            question: text_field(&object, "question")?,
-            answer: text_field(&object, "answer")?,
+            question: text_field(object, "question")?,
+            answer: text_field(object, "answer")?,
         });
     }
     if has("prompt") || has("completion") {
         return Ok(Record::PromptCompletion {
-            prompt: text_field(&object, "prompt")?,
-            completion: text_field(&object, "completion")?,
+            prompt: text_field(object, "prompt")?,
+            completion: text_field(object, "completion")?,
         });
     }
     if has("text") {
         return Ok(Record::Text {
-            text: text_field(&object, "text")?,
+            text: text_field(object, "text")?,
         });
     }
     let names: Vec<&str> = object.keys().map(String::as_str).collect();

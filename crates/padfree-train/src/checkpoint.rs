@@ -337,22 +337,28 @@ fn checkpoint_steps(dir: &Path) -> Vec<usize> {
 }
 
 /// Removes the oldest checkpoints of run `run_id` in `output_dir` beyond
-/// `limit` (HF `save_total_limit`) and returns them. `keep` (the best
-/// model's checkpoint) is never removed and counts towards the limit, but
-/// the newest is kept too, so a limit of 1 can leave two, as in HF. Only
-/// padfree checkpoints of this run are counted: another run's, left in the
-/// directory, are neither counted nor removed. Each is renamed to a
-/// temporary name before it is deleted, so an interruption leaves no
-/// half-deleted checkpoint that looks whole (temporaries are cleared at the
-/// next start).
+/// `limit` (HF `save_total_limit`) and returns them. `saved` (the one just
+/// written) and `keep` (the best model's checkpoint) are never removed and
+/// count towards the limit, so a limit of 1 can leave two, as in HF. The
+/// rest go by step, highest kept first. Only padfree checkpoints of this
+/// run are counted: another run's, left in the directory, are neither
+/// counted nor removed. Each is renamed to a temporary name before it is
+/// deleted, so an interruption leaves no half-deleted checkpoint that looks
+/// whole (temporaries are cleared at the next start).
+///
+/// `saved` matters after a resume from an earlier checkpoint: the
+/// directory can hold later ones of the same run (from before the resume),
+/// which are higher in step but not newer.
 pub fn remove_old_checkpoints(
     output_dir: &Path,
     limit: usize,
+    saved: &Path,
     keep: Option<&Path>,
     run_id: &str,
 ) -> Result<Vec<PathBuf>, TrainError> {
     let keep = keep.and_then(|dir| dir.canonicalize().ok());
-    let dirs: Vec<(PathBuf, bool)> = checkpoint_steps(output_dir)
+    let saved = saved.canonicalize().ok();
+    let mut dirs: Vec<(PathBuf, bool)> = checkpoint_steps(output_dir)
         .into_iter()
         .rev()
         .map(|step| checkpoint_dir(output_dir, step))
@@ -362,6 +368,14 @@ pub fn remove_old_checkpoints(
             (dir, kept)
         })
         .collect();
+    // The one just written first: the first the budget keeps.
+    if let Some(at) = dirs
+        .iter()
+        .position(|(dir, _)| saved.is_some() && dir.canonicalize().ok() == saved)
+    {
+        let just_saved = dirs.remove(at);
+        dirs.insert(0, just_saved);
+    }
     let protected = dirs.iter().any(|(_, kept)| *kept);
     let mut budget = limit.saturating_sub(usize::from(protected));
     if budget == 0 && dirs.first().is_some_and(|(_, kept)| !kept) {
@@ -619,8 +633,10 @@ mod tests {
         for (limit, best, kept) in cases {
             let dir = run_dir(&[2, 4, 6, 8, 10]);
             let best_dir = best.map(|step| checkpoint_dir(dir.path(), step));
-            let removed = remove_old_checkpoints(dir.path(), limit, best_dir.as_deref(), "")
-                .expect("removes");
+            let newest = checkpoint_dir(dir.path(), 10);
+            let removed =
+                remove_old_checkpoints(dir.path(), limit, &newest, best_dir.as_deref(), "")
+                    .expect("removes");
             let mut expected: Vec<String> = kept.iter().map(|&s| checkpoint_name(s)).collect();
             expected.extend(foreign.map(String::from));
             expected.sort();
@@ -646,7 +662,8 @@ mod tests {
             std::fs::write(checkpoint.join(STATE_FILE), state).expect("write");
             std::fs::write(checkpoint.join(INTEGRITY_FILE), b"{}").expect("write");
         }
-        let removed = remove_old_checkpoints(dir.path(), 1, None, "new").expect("removes");
+        let saved = checkpoint_dir(dir.path(), 2);
+        let removed = remove_old_checkpoints(dir.path(), 1, &saved, None, "new").expect("removes");
         assert_eq!(removed, vec![checkpoint_dir(dir.path(), 1)]);
         assert_eq!(
             left(dir.path()),
@@ -655,6 +672,24 @@ mod tests {
         assert_eq!(
             other_runs_checkpoints(dir.path(), "new"),
             vec![checkpoint_dir(dir.path(), 4), checkpoint_dir(dir.path(), 5)]
+        );
+    }
+
+    #[test]
+    fn the_checkpoint_just_written_stays_when_later_ones_of_the_run_exist() {
+        // Resumed from 4 in a directory that still holds 6, 8 and 10 of the
+        // same run: saving 6 again with a limit of 1 keeps that 6.
+        let dir = run_dir(&[2, 4, 6, 8, 10]);
+        let saved = checkpoint_dir(dir.path(), 6);
+        remove_old_checkpoints(dir.path(), 1, &saved, None, "").expect("removes");
+        assert_eq!(
+            left(dir.path()),
+            [
+                "checkpoint-+9",
+                "checkpoint-1",
+                "checkpoint-6",
+                "checkpoint-notes"
+            ]
         );
     }
 

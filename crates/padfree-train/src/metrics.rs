@@ -225,8 +225,13 @@ impl fmt::Display for TrainSummary {
             "  train_loss               = {:.4}{whole}",
             self.train_loss
         )?;
-        if let Some(part) = &self.resumed {
-            writeln!(
+        match &self.resumed {
+            Some(part) if part.steps == 0 => writeln!(
+                f,
+                "  this process             = no steps (resumed at step {}, the run's end)",
+                part.from_step
+            )?,
+            Some(part) => writeln!(
                 f,
                 "  this process             = steps {}-{}: train_loss {:.4}, {} real tokens, {} padded",
                 part.from_step + 1,
@@ -234,7 +239,8 @@ impl fmt::Display for TrainSummary {
                 part.train_loss,
                 part.real_tokens,
                 part.padded_tokens
-            )?;
+            )?,
+            None => {}
         }
         writeln!(f, "  final step loss          = {:.4}", self.final_loss)?;
         if let (Some(loss), Some(perplexity)) = (self.eval_loss, self.eval_perplexity) {

@@ -80,9 +80,9 @@ pub struct BestModel {
     pub eval_loss: f64,
     /// The checkpoint holding it, by its name in the run directory
     /// (`checkpoint-N`), so a run directory that is moved or copied still
-    /// finds it; `None` for a last step's model that was not saved.
-    /// (Written as an absolute path by padfree before 2026-12; only its last
-    /// component is read.)
+    /// finds it; by its whole path when it lies in another directory (the
+    /// run was resumed from there into a new one); `None` for a last step's
+    /// model that was not saved. See [`BestModel::checkpoint_in`].
     pub checkpoint: Option<PathBuf>,
 }
 
@@ -95,10 +95,17 @@ impl BestModel {
 }
 
 impl BestModel {
-    /// Where its checkpoint is, for a run directory `run_dir`.
+    /// Where its checkpoint is, for a state read in run directory
+    /// `run_dir`: a name is looked up there; a whole path (a best model
+    /// left in another directory by a resume into a new one) is taken as
+    /// it is while it holds a checkpoint, else by its name in `run_dir`
+    /// (a moved run, or a state of before 2026-12).
     pub fn checkpoint_in(&self, run_dir: &Path) -> Option<PathBuf> {
-        let name = self.checkpoint.as_deref()?.file_name()?;
-        Some(run_dir.join(name))
+        let path = self.checkpoint.as_deref()?;
+        if path.is_absolute() && crate::checkpoint::is_checkpoint(path) {
+            return Some(path.to_owned());
+        }
+        Some(run_dir.join(path.file_name()?))
     }
 }
 

@@ -611,6 +611,24 @@ impl Trainer {
                 "the resumed run evaluated on a held-out set, this one is given none (--eval-data): no more evaluations, and the summary's eval_loss is the last one taken".to_owned(),
             );
         }
+        let resumed = self.saved_step.is_some() && self.global_step > 0;
+        if resumed && self.tracks_best_model() {
+            match (&self.best_model, &self.best_model_dir) {
+                (None, _) if self.log_history.iter().any(|r| r.eval_loss.is_some()) => {
+                    notes.push(format!(
+                        "the resumed run did not keep a best model: the best is chosen among the models evaluated from step {} on",
+                        self.global_step + 1
+                    ));
+                }
+                (Some(best), Some(dir)) if !checkpoint::is_checkpoint(dir) => notes.push(format!(
+                    "the best model so far (step {}, eval_loss {:.4}) was in {}, which is gone: a better model found from now on replaces it, else the run writes the last step's model and exits non-zero",
+                    best.step,
+                    best.eval_loss,
+                    dir.display()
+                )),
+                _ => {}
+            }
+        }
         if !self.tracks_best_model()
             && let Some(best) = self.best_model.take()
         {
@@ -633,6 +651,15 @@ impl Trainer {
             notes.push(format!(
                 "--eval-steps {every} is past the run's last step ({}): the only evaluation is the final model's",
                 self.plan.len()
+            ));
+        }
+        if self.writes_outputs()
+            && !resumed
+            && checkpoint::run_id_of(&self.output_dir).is_some_and(|id| id != self.run_id)
+        {
+            notes.push(format!(
+                "{} holds another run's final model and reports (model.safetensors, train_results.json, ...): this run replaces them when it finishes; until then they are not this run's",
+                self.output_dir.display()
             ));
         }
         if self.writes_outputs() && self.config.save_strategy != SaveStrategy::No {
@@ -687,7 +714,8 @@ impl Trainer {
             return Ok(());
         };
         let best = self.best_model_dir.as_deref();
-        let removed = checkpoint::remove_old_checkpoints(&self.output_dir, limit, best, &self.run_id)
+        let removed =
+            checkpoint::remove_old_checkpoints(&self.output_dir, limit, &saved, best, &self.run_id)
             .map_err(|err| TrainError::Checkpoint {
                 path: self.output_dir.clone(),
                 message: format!("could not remove an old checkpoint (--save-total-limit {limit}): {err}"),
@@ -1023,6 +1051,21 @@ fn fingerprint(examples: &[Example]) -> u64 {
     hash.finish()
 }
 
+/// Whether two paths name the same directory (links resolved where they exist).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    let resolve = |p: &Path| {
+        let p = if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        };
+        p.canonicalize()
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_owned())
+    };
+    resolve(a) == resolve(b)
+}
+
 /// A name for a fresh run, different from any other run's: the clock, the
 /// process and an address mixed by SplitMix64 (no random-number crate).
 fn new_run_id() -> String {
@@ -1096,7 +1139,16 @@ impl Trainer {
             .best_model
             .as_ref()
             .and_then(|best| best.checkpoint_in(run_dir));
-        self.best_model = state.best_model;
+        self.best_model = state.best_model.map(|mut best| {
+            // Resumed into another output directory, the best stays where it
+            // is: the state then names it by its whole path.
+            if let Some(dir) = &self.best_model_dir
+                && !same_dir(run_dir, &self.output_dir)
+            {
+                best.checkpoint = Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone()));
+            }
+            best
+        });
         self.run_id = state.run_id;
         self.eval_data = state.eval_data;
     }

@@ -465,7 +465,7 @@ fn warn_if_not_the_models_tokenizer(job: &TrainJob, given: &TextTokenizer) -> an
     let difference = given.differences_from(&own);
     if let (true, Some((id, ours, theirs))) = (difference.disagrees(), &difference.first) {
         warn!(
-            "--tokenizer {} is not the model's own tokenizer ({}): {} of the {} ids both have mean other tokens (id {id} is {ours:?} here, {theirs:?} to the model); vocabularies {} and {}\nHINT: leave out --tokenizer to use the model's own, or give the one it was trained with",
+            "--tokenizer {} is not the model's own tokenizer ({}): {} of the {} ids they share stand for other tokens (id {id} is {ours:?} here, {theirs:?} to the model); vocabularies {} and {}\nHINT: leave out --tokenizer to use the model's own, or give the one it was trained with",
             given.source_name(),
             own.source_name(),
             difference.differing,
@@ -701,6 +701,9 @@ struct Progress {
     bar: ProgressBar,
     signals: Arc<Mutex<Signals>>,
     rank: usize,
+    /// A test hook: `PADFREE_WRITE_DELAY_MS=N` waits N ms as each write
+    /// begins (after saying so on stderr), so a test can signal during it.
+    write_delay: Option<std::time::Duration>,
 }
 
 /// What Ctrl-C (SIGTERM, SIGHUP) has asked for, and what is being written.
@@ -783,7 +786,16 @@ impl Progress {
             }
         })
         .context("installing the Ctrl-C handler")?;
-        Ok(Self { bar, signals, rank })
+        let write_delay = std::env::var("PADFREE_WRITE_DELAY_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map(std::time::Duration::from_millis);
+        Ok(Self {
+            bar,
+            signals,
+            rank,
+            write_delay,
+        })
     }
 }
 
@@ -835,6 +847,11 @@ impl Observer for Progress {
                 signals.last_saved()
             );
             std::process::exit(i32::from(INTERRUPTED_EXIT));
+        }
+        drop(signals);
+        if let (true, Some(delay)) = (writing, self.write_delay) {
+            eprintln!("PADFREE_WRITE_DELAY_MS: writing");
+            std::thread::sleep(delay);
         }
     }
 
