@@ -250,6 +250,11 @@ fn an_older_runs_checkpoints_are_neither_counted_nor_removed_by_a_new_run() {
             && stdout.contains("belong to another run"),
         "{stdout}"
     );
+    // The older run's final model was there until this one finished.
+    assert!(
+        stdout.contains("holds another run's final model and reports"),
+        "{stdout}"
+    );
     assert!(stdout.contains(&format!(
         "removed {} (--save-total-limit)",
         out.join("checkpoint-1").display()

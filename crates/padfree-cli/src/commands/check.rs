@@ -12,7 +12,7 @@ use padfree_model::check::{BatchCheck, Fault, ONE_EXAMPLE, Tolerances, check_bat
 use padfree_pack::Example;
 use padfree_train::{TrainConfig, TrainPlan};
 
-use super::train::{Loaded, load, with_record};
+use super::load::{Loaded, load, with_record};
 use crate::args::CheckJob;
 
 /// Runs `padfree check`: a check that could not test isolation (every

@@ -20,7 +20,7 @@ use padfree_train::{Communicator, Trainer, peak_memory_bytes};
 use serde::{Deserialize, Serialize};
 
 use crate::args::{BenchJob, BenchMode, Peer};
-use crate::commands::train;
+use crate::commands::load;
 use report::Report;
 
 /// One mode's measurements (timed steps only, but peak memory is the process's).
@@ -329,7 +329,7 @@ fn timed_run(
     scratch: &Path,
 ) -> anyhow::Result<ModeResult> {
     let job = args.train_job(mode)?;
-    let loaded = train::load(&job)?;
+    let loaded = load::load(&job)?;
     let config = loaded.model.config().clone();
     let mut model_flops = 0.0;
     let lengths: Vec<usize> = loaded.dataset.examples.iter().map(|e| e.len()).collect();
@@ -342,7 +342,7 @@ fn timed_run(
         scratch,
         Vec::new(),
     )
-    .map_err(|err| train::with_record(err, &source, &locations))?;
+    .map_err(|err| load::with_record(err, &source, &locations))?;
     let (mut seconds, mut real, mut fed, mut samples) = (0.0, 0, 0, 0);
     let mut step_losses = Vec::new();
     for step in 0..trainer.plan().len() {

@@ -13,7 +13,7 @@ use crate::args::BenchMode;
 
 use super::ModeResult;
 use crate::args::BenchJob;
-use crate::commands::train;
+use crate::commands::load;
 
 /// The repository this binary was built from (the peer's script lives there).
 pub(super) fn repository() -> PathBuf {
@@ -55,7 +55,7 @@ pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathB
         multipack: false,
         ranks: 1,
     })?;
-    let loaded = train::load(&job)?;
+    let loaded = load::load(&job)?;
     loaded.model.save_hf_dir(&peer_dir.join("model"))?;
     let examples = loaded.dataset.examples.clone();
     let trainer = Trainer::new(

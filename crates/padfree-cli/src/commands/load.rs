@@ -1,0 +1,449 @@
+//! What a run starts from, for `train`, `check` and `bench`: the model
+//! (a preset, an HF directory, a GGUF file or a checkpoint), its tokenizer
+//! and the tokenized data, each refused by its flag when unusable, with
+//! warnings for what would be silently lost (unused text fields, a
+//! tokenizer that is not the model's own).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, anyhow, bail};
+use padfree_data::{
+    FieldNames, Record, SourceRecord, TextTokenizer, TokenizeConfig, read_records,
+    read_records_from_str, tokenize_records, unused_text_fields,
+};
+use padfree_model::gguf::GgufFile;
+use padfree_model::tensor::{cpu_device, cpu_device_with_checkpointing};
+use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
+use padfree_train::TrainError;
+
+use crate::args::{ModelSource, TrainJob, is_gguf};
+
+const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
+const EMBEDDED_DATA: &str = include_str!("../../../../data/gsm-symbolic/train.jsonl");
+const EMBEDDED_EVAL_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/eval.jsonl";
+const EMBEDDED_EVAL_DATA: &str = include_str!("../../../../data/gsm-symbolic/eval.jsonl");
+const EMBEDDED_TOKENIZER: &[u8] = include_bytes!("../../../../data/gsm-symbolic/tokenizer.json");
+const EMBEDDED_TOKENIZER_CONFIG: &str =
+    include_str!("../../../../data/gsm-symbolic/tokenizer_config.json");
+
+/// What a training or benchmark run starts from.
+pub struct Loaded {
+    pub model: LlamaModel,
+    pub tokenizer: Option<TextTokenizer>,
+    pub dataset: padfree_data::TokenizedDataset,
+    /// The held-out set, with an eval strategy.
+    pub eval_dataset: Option<padfree_data::TokenizedDataset>,
+}
+
+/// Loads the model, tokenizer and data of `job`, printing what was loaded.
+pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
+    let (data_name, records) = read_data(
+        "data",
+        job.data.as_deref(),
+        (EMBEDDED_DATA_NAME, EMBEDDED_DATA),
+        &job.fields,
+    )?;
+    let resuming = job.resume_from_checkpoint.is_some();
+    // A preset's vocabulary grows to hold the tokenizer (the given one, else
+    // the shipped one, unless the data is all token ids); it never shrinks,
+    // so a preset keeps the size its benchmarks were measured at. On resume
+    // the same rule says what the checkpoint's model must be.
+    let preset = match &job.model {
+        ModelSource::Init(name) => LlamaConfig::named(name).map(|config| (name, config)),
+        _ => None,
+    };
+    let preset_tokenizer = match preset {
+        Some(_)
+            if job.tokenizer.is_some()
+                || records
+                    .iter()
+                    .any(|r| !matches!(r.record, Record::Tokenized { .. })) =>
+        {
+            Some(match &job.tokenizer {
+                Some(path) => load_tokenizer_file(path)?,
+                None => embedded_tokenizer()?,
+            })
+        }
+        _ => None,
+    };
+    let preset_vocab = match (&preset, &preset_tokenizer) {
+        (Some((name, config)), Some(tokenizer)) if tokenizer.vocab_size() > config.vocab_size => {
+            if !resuming {
+                say!(
+                    "vocabulary: {} tokens, from the tokenizer {} (the preset `{name}` has {}; it grows to hold the tokenizer)",
+                    tokenizer.vocab_size(),
+                    tokenizer.source_name(),
+                    config.vocab_size
+                );
+            }
+            Some(tokenizer.vocab_size())
+        }
+        _ => None,
+    };
+    let model = load_model(job, preset_vocab)?;
+    let config = model.config().clone();
+    say!(
+        "model: {} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}, {:.1}M parameters)",
+        describe_model(job),
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.vocab_size,
+        config.num_parameters() as f64 / 1e6
+    );
+    let tokenizer = match preset_tokenizer {
+        // On resume the checkpoint's own tokenizer files (the same tokens).
+        Some(tokenizer) if !resuming => Some(tokenizer),
+        _ => load_tokenizer(job, config.vocab_size)?,
+    };
+    if let Some(tokenizer) = &tokenizer {
+        check_vocabularies(tokenizer, &config)?;
+        warn_if_not_the_models_tokenizer(job, tokenizer)?;
+        say!(
+            "tokenizer: {} ({} tokens)",
+            tokenizer.source_name(),
+            tokenizer.vocab_size()
+        );
+    }
+    let max_seq_len = job.max_seq_len.min(config.max_position_embeddings);
+    let tokenize = TokenizeConfig {
+        train_on_inputs: job.train_on_inputs,
+        use_chat_template: job.use_chat_template,
+        max_seq_len,
+        overlong: job.overlong,
+        vocab_limit: config.vocab_size,
+    };
+    warn_unused_fields(&data_name, &records);
+    let dataset = tokenize_records(&data_name, &records, tokenizer.as_ref(), &tokenize)?;
+    say!("data: {}: {}", data_name.display(), dataset.report);
+    let eval_dataset = match &job.eval {
+        Some(eval) => {
+            let (name, records) = read_data(
+                "eval-data",
+                eval.data.as_deref(),
+                (EMBEDDED_EVAL_DATA_NAME, EMBEDDED_EVAL_DATA),
+                &job.fields,
+            )?;
+            warn_unused_fields(&name, &records);
+            let eval_dataset = tokenize_records(&name, &records, tokenizer.as_ref(), &tokenize)?;
+            say!("eval data: {}: {}", name.display(), eval_dataset.report);
+            Some(eval_dataset)
+        }
+        None => None,
+    };
+    Ok(Loaded {
+        model,
+        tokenizer,
+        dataset,
+        eval_dataset,
+    })
+}
+
+/// The records of `path` (given by `--flag`), or without one those of the
+/// shipped file `embedded` (its name and text), with the name they are
+/// reported under.
+fn read_data(
+    flag: &str,
+    path: Option<&Path>,
+    (embedded_name, embedded_text): (&str, &str),
+    fields: &FieldNames,
+) -> anyhow::Result<(PathBuf, Vec<SourceRecord>)> {
+    Ok(match path {
+        Some(path) => {
+            match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => bail!(
+                    "--{flag} {}: a directory, not a data file\nHINT: give a JSONL file (one JSON object per line) or a JSON array",
+                    path.display()
+                ),
+                Ok(_) => {}
+                Err(err) => bail!(
+                    "--{flag} {}: {err}\nHINT: give an existing, readable JSONL or JSON file",
+                    path.display()
+                ),
+            }
+            (path.to_owned(), read_records(path, fields)?)
+        }
+        None => (
+            PathBuf::from(embedded_name),
+            read_records_from_str(Path::new(embedded_name), embedded_text, fields)?,
+        ),
+    })
+}
+
+/// Names the text fields of `file` that no record's shape trains on.
+fn warn_unused_fields(file: &Path, records: &[SourceRecord]) {
+    for field in unused_text_fields(records) {
+        warn!(
+            "{}: field `{}` holds text in {} of {} records (the first at {}), but their record shape does not use it: it is not trained on\nHINT: to train on it, build the prompt from it with --prompt-template (e.g. --prompt-template '{{{}}}\\n{{question}}' --completion-field answer), name it with --prompt-field/--completion-field or --dataset-text-field, or drop it from the file to silence this",
+            file.display(),
+            field.name,
+            field.records,
+            records.len(),
+            field.first,
+            field.name
+        );
+    }
+}
+
+/// A trainer error that names an example by its index, named by its record
+/// (`file:line N`) instead.
+pub fn with_record(err: TrainError, source: &Path, locations: &[String]) -> anyhow::Error {
+    if let TrainError::ExampleTooLong { index, .. } = &err
+        && let Some(location) = locations.get(*index)
+    {
+        return anyhow!("{}:{location}: {err}", source.display());
+    }
+    err.into()
+}
+
+/// Warns when `--tokenizer` maps ids to other tokens than the model's own
+/// tokenizer (a GGUF's, an HF directory's or a checkpoint's): the model
+/// would read every id as another token.
+fn warn_if_not_the_models_tokenizer(job: &TrainJob, given: &TextTokenizer) -> anyhow::Result<()> {
+    if job.tokenizer.is_none() {
+        return Ok(());
+    }
+    let own_file = match (&job.resume_from_checkpoint, &job.model) {
+        (Some(dir), _) => Some(dir.join("tokenizer.json")),
+        (None, ModelSource::Gguf(path)) => Some(path.clone()),
+        (None, ModelSource::HfDir(dir)) => Some(dir.join("tokenizer.json")),
+        (None, ModelSource::Init(_)) => None,
+    };
+    let Some(own_file) = own_file.filter(|f| f.is_file()) else {
+        return Ok(());
+    };
+    let own = load_tokenizer_file(&own_file)?;
+    let difference = given.differences_from(&own);
+    if let (true, Some((id, ours, theirs))) = (difference.disagrees(), &difference.first) {
+        warn!(
+            "--tokenizer {} is not the model's own tokenizer ({}): {} of the {} ids they share stand for other tokens (id {id} is {ours:?} here, {theirs:?} to the model); vocabularies {} and {}\nHINT: leave out --tokenizer to use the model's own, or give the one it was trained with",
+            given.source_name(),
+            own.source_name(),
+            difference.differing,
+            difference.sizes.0.min(difference.sizes.1),
+            difference.sizes.0,
+            difference.sizes.1
+        );
+    }
+    Ok(())
+}
+
+fn describe_model(job: &TrainJob) -> String {
+    if let Some(dir) = &job.resume_from_checkpoint {
+        return format!("{} (resumed)", dir.display());
+    }
+    match &job.model {
+        ModelSource::HfDir(path) | ModelSource::Gguf(path) => path.display().to_string(),
+        ModelSource::Init(name) => format!("{name} (random init, seed {})", job.train.seed),
+    }
+}
+
+/// `preset_vocab`: the vocabulary size a preset takes (from the tokenizer).
+fn load_model(job: &TrainJob, preset_vocab: Option<usize>) -> anyhow::Result<LlamaModel> {
+    let device = if job.gradient_checkpointing {
+        cpu_device_with_checkpointing()
+    } else {
+        cpu_device(true)
+    };
+    if let Some(dir) = &job.resume_from_checkpoint {
+        let model = LlamaModel::from_hf_dir(dir, &device)
+            .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
+        if job.model_given {
+            let given = match &job.model {
+                ModelSource::HfDir(path) => LlamaConfig::from_hf_file(&path.join("config.json"))?,
+                ModelSource::Gguf(path) => LlamaModel::from_gguf(path, &cpu_device(false))?
+                    .config()
+                    .clone(),
+                ModelSource::Init(name) => {
+                    let mut config = init_config(name)?;
+                    if let Some(vocab) = preset_vocab {
+                        config.vocab_size = vocab;
+                    }
+                    config
+                }
+            };
+            if let Some(difference) = shape_difference(&given, model.config()) {
+                bail!(
+                    "{}: {difference} of the checkpoint {}\nHINT: the checkpoint holds the model: give the run's own --model/--config, or leave them out",
+                    describe_model(&TrainJob {
+                        resume_from_checkpoint: None,
+                        ..job.clone()
+                    }),
+                    dir.display()
+                );
+            }
+        }
+        return Ok(model);
+    }
+    Ok(match &job.model {
+        ModelSource::HfDir(dir) => {
+            check_memory(&LlamaConfig::from_hf_file(&dir.join("config.json"))?)?;
+            LlamaModel::from_hf_dir(dir, &device)?
+        }
+        ModelSource::Gguf(path) => LlamaModel::from_gguf(path, &device)?,
+        ModelSource::Init(name) => {
+            let mut config = init_config(name)?;
+            if let Some(vocab) = preset_vocab {
+                config.vocab_size = vocab;
+            }
+            check_memory(&config)?;
+            LlamaModel::init(&config, job.train.seed, &device)?
+        }
+    })
+}
+
+/// Refuses, before allocating it, a model whose training state alone (f32
+/// weights, gradients and AdamW's two moments: 16 bytes a parameter) would
+/// not fit in this machine's memory, instead of an allocator abort later.
+fn check_memory(config: &LlamaConfig) -> anyhow::Result<()> {
+    let needed = 16.0 * config.num_parameters() as f64;
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map(|kib| kib * 1024.0);
+    if let Some(total) = total
+        && needed > total
+    {
+        bail!(
+            "the model has {:.1}M parameters: training needs at least {:.1} GiB for its weights, gradients and AdamW's moments (f32), more than this machine's {:.1} GiB of memory\nHINT: choose a smaller model or --config, or a machine with more memory",
+            config.num_parameters() as f64 / 1e6,
+            needed / 1073741824.0,
+            total / 1073741824.0
+        );
+    }
+    Ok(())
+}
+
+/// The config of `--config NAME`: a preset or a config.json.
+fn init_config(name: &str) -> anyhow::Result<LlamaConfig> {
+    Ok(match LlamaConfig::named(name) {
+        Some(config) => config,
+        None if Path::new(name).is_file() => LlamaConfig::from_hf_file(Path::new(name))?,
+        None => {
+            bail!(
+                "--config {name}: neither a preset ({}) nor a config.json file",
+                LlamaConfig::PRESETS.join(", ")
+            )
+        }
+    })
+}
+
+/// The first size in which two models differ, in words.
+fn shape_difference(given: &LlamaConfig, saved: &LlamaConfig) -> Option<String> {
+    [
+        ("vocabulary", given.vocab_size, saved.vocab_size),
+        ("hidden size", given.hidden_size, saved.hidden_size),
+        (
+            "MLP width",
+            given.intermediate_size,
+            saved.intermediate_size,
+        ),
+        ("layers", given.num_hidden_layers, saved.num_hidden_layers),
+        (
+            "heads",
+            given.num_attention_heads,
+            saved.num_attention_heads,
+        ),
+        (
+            "key/value heads",
+            given.num_key_value_heads,
+            saved.num_key_value_heads,
+        ),
+    ]
+    .into_iter()
+    .find(|(_, a, b)| a != b)
+    .map(|(what, a, b)| format!("{what} {a}, not the {b}"))
+}
+
+/// --tokenizer, else the model's own, else (for the demo or a random-init
+/// model) the shipped one; `None` only for pre-tokenized data with no tokenizer anywhere.
+fn load_tokenizer(job: &TrainJob, vocab_size: usize) -> anyhow::Result<Option<TextTokenizer>> {
+    if let Some(path) = &job.tokenizer {
+        return load_tokenizer_file(path).map(Some);
+    }
+    if let Some(dir) = &job.resume_from_checkpoint
+        && dir.join("tokenizer.json").is_file()
+    {
+        return load_tokenizer_file(&dir.join("tokenizer.json")).map(Some);
+    }
+    match &job.model {
+        ModelSource::Gguf(path) => load_tokenizer_file(path).map(Some),
+        ModelSource::HfDir(dir) if dir.join("tokenizer.json").is_file() => {
+            load_tokenizer_file(&dir.join("tokenizer.json")).map(Some)
+        }
+        ModelSource::HfDir(_) => Ok(None),
+        // A randomly initialised model has no tokenizer of its own: the
+        // shipped one, when the model's vocabulary can hold it (a smaller
+        // model can still train on pre-tokenized data).
+        ModelSource::Init(_) => {
+            let shipped = embedded_tokenizer()?;
+            Ok((shipped.vocab_size() <= vocab_size).then_some(shipped))
+        }
+    }
+}
+
+fn embedded_tokenizer() -> anyhow::Result<TextTokenizer> {
+    Ok(TextTokenizer::from_bytes(
+        "<built-in>/data/gsm-symbolic/tokenizer.json",
+        EMBEDDED_TOKENIZER,
+        Some(EMBEDDED_TOKENIZER_CONFIG.to_owned()),
+    )?)
+}
+
+fn load_tokenizer_file(path: &Path) -> anyhow::Result<TextTokenizer> {
+    if path.is_dir() {
+        let inside = path.join("tokenizer.json");
+        if !inside.is_file() {
+            bail!(
+                "--tokenizer {}: a directory without tokenizer.json\nHINT: give a tokenizer.json (with tokenizer_config.json beside it) or a .gguf file",
+                path.display()
+            );
+        }
+        return Ok(TextTokenizer::from_file(&inside)?);
+    }
+    if !path.is_file() {
+        bail!(
+            "--tokenizer {}: no such file\nHINT: give a tokenizer.json (with tokenizer_config.json beside it) or a .gguf file",
+            path.display()
+        );
+    }
+    if !is_gguf(path) {
+        return Ok(TextTokenizer::from_file(path)?);
+    }
+    let file = GgufFile::open(path)?;
+    let tokenizer = tokenizer_from_gguf(&file)?;
+    let token_of = |key: &str| -> Option<String> {
+        let id = file.get(key)?.as_u64()?;
+        tokenizer.id_to_token(u32::try_from(id).ok()?)
+    };
+    let eos = token_of("tokenizer.ggml.eos_token_id");
+    let bos = token_of("tokenizer.ggml.bos_token_id");
+    let template = file
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    Ok(TextTokenizer::new(
+        tokenizer,
+        &path.display().to_string(),
+        eos.as_deref(),
+        bos.as_deref(),
+        template.as_deref(),
+    )?)
+}
+
+fn check_vocabularies(tokenizer: &TextTokenizer, config: &LlamaConfig) -> anyhow::Result<()> {
+    if tokenizer.vocab_size() > config.vocab_size {
+        bail!(
+            "{}: the tokenizer has {} tokens but the model's vocabulary has {}\nHINT: use the tokenizer that belongs to the model (--tokenizer), or a model config with vocab_size >= {}",
+            tokenizer.source_name(),
+            tokenizer.vocab_size(),
+            config.vocab_size,
+            tokenizer.vocab_size()
+        );
+    }
+    Ok(())
+}
