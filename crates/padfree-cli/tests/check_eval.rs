@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{padfree, repo, scratch, stderr, tiny_config_with_shipped_vocab};
+use common::{padfree, padfree_in_repo, repo, scratch, stderr, tiny_config_with_shipped_vocab};
 
 /// Records of token ids below `vocab` (the Qwen fixtures have no tokenizer).
 fn token_id_data(dir: &Path, vocab: u32) -> String {
@@ -134,11 +134,7 @@ fn run_with_eval(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, String) {
         out.to_str().expect("utf-8"),
     ];
     args.extend(extra);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_padfree"))
-        .args(&args)
-        .current_dir(repo("."))
-        .output()
-        .expect("runs padfree");
+    let output = padfree_in_repo(&args);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{}{stdout}", stderr(&output));
     (out, stdout)
@@ -302,27 +298,23 @@ fn check_runs_on_smollm2_135m() {
         );
         return;
     }
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_padfree"))
-        .args([
-            "check",
-            "--model",
-            gguf.to_str().expect("utf-8"),
-            "--data",
-            "data/gsm-symbolic/eval.jsonl",
-            "--use-chat-template",
-            // Short examples keep it to seconds; the figure for full
-            // batches is in the README.
-            "--max-seq-len",
-            "48",
-            "--train-on-inputs",
-            "--per-device-train-batch-size",
-            "3",
-            "--batches",
-            "1",
-        ])
-        .current_dir(repo("."))
-        .output()
-        .expect("runs padfree");
+    let output = padfree_in_repo(&[
+        "check",
+        "--model",
+        gguf.to_str().expect("utf-8"),
+        "--data",
+        "data/gsm-symbolic/eval.jsonl",
+        "--use-chat-template",
+        // Short examples keep it to seconds; the figure for full
+        // batches is in the README.
+        "--max-seq-len",
+        "48",
+        "--train-on-inputs",
+        "--per-device-train-batch-size",
+        "3",
+        "--batches",
+        "1",
+    ]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}{stdout}", stderr(&output));
     assert!(
@@ -346,11 +338,7 @@ fn check_on_batches_of_one_example_says_isolation_was_not_tested() {
         "--batches",
         "2",
     ];
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_padfree"))
-        .args(args)
-        .current_dir(repo("."))
-        .output()
-        .expect("runs padfree");
+    let output = padfree_in_repo(&args);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let err = stderr(&output);
     assert!(!output.status.success(), "{stdout}");
@@ -370,24 +358,20 @@ fn check_on_batches_of_one_example_says_isolation_was_not_tested() {
     );
     // Training with --verify-packing warns and trains: nothing differed.
     let out = dir.path().join("out");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_padfree"))
-        .args([
-            "train",
-            "--config",
-            &config,
-            "--data",
-            "data/gsm-symbolic/eval.jsonl",
-            "--per-device-train-batch-size",
-            "1",
-            "--max-steps",
-            "1",
-            "--verify-packing",
-            "--output-dir",
-            out.to_str().expect("utf-8"),
-        ])
-        .current_dir(repo("."))
-        .output()
-        .expect("runs padfree");
+    let output = padfree_in_repo(&[
+        "train",
+        "--config",
+        &config,
+        "--data",
+        "data/gsm-symbolic/eval.jsonl",
+        "--per-device-train-batch-size",
+        "1",
+        "--max-steps",
+        "1",
+        "--verify-packing",
+        "--output-dir",
+        out.to_str().expect("utf-8"),
+    ]);
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("warning: --verify-packing: a batch of one example"),
@@ -421,11 +405,7 @@ fn evaluation_keeps_nothing_for_a_backward_pass() {
             out.to_str().expect("utf-8"),
         ];
         args.extend(extra);
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_padfree"))
-            .args(&args)
-            .current_dir(repo("."))
-            .output()
-            .expect("runs padfree");
+        let output = padfree_in_repo(&args);
         assert!(output.status.success(), "{}", stderr(&output));
         let results: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(out.join("train_results.json")).expect("results"),

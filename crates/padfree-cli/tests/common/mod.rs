@@ -26,6 +26,16 @@ pub fn padfree(args: &[&str]) -> Output {
         .expect("runs padfree")
 }
 
+/// `padfree` run in the repository root, so shipped paths
+/// (`data/gsm-symbolic/...`) resolve.
+pub fn padfree_in_repo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_padfree"))
+        .args(args)
+        .current_dir(repo("."))
+        .output()
+        .expect("runs padfree")
+}
+
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
