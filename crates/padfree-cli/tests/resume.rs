@@ -211,6 +211,18 @@ fn another_held_out_set_is_refused_on_resume() {
             && err.contains("HINT: resume with the run's own --eval-data"),
         "{err}"
     );
+    // The same set in another order is the same set (the loss is a sum).
+    let eval = dir.join("eval-99.jsonl");
+    let text = std::fs::read_to_string(&eval).expect("eval");
+    let reversed: String = text.lines().rev().map(|l| format!("{l}\n")).collect();
+    let shuffled = dir.join("eval-reversed.jsonl");
+    std::fs::write(&shuffled, reversed).expect("write");
+    let mut same = with_eval(dir, 99);
+    same[1] = shuffled.display().to_string();
+    succeeds(&resume_from(
+        overfitting_args(dir, &out, &same),
+        &out.join("checkpoint-4"),
+    ));
     // Without --load-best-model-at-end too: the eval curve would mix sets.
     let mut other = with_eval(dir, 5);
     other.pop();

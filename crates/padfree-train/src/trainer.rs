@@ -284,7 +284,7 @@ impl Trainer {
         eval.validate(self.config.save_strategy)?;
         let identity = DataIdentity {
             examples: eval.examples.len(),
-            fingerprint: format!("{:016x}", fingerprint(&eval.examples)),
+            fingerprint: format!("{:016x}", set_fingerprint(&eval.examples)),
         };
         if let Some(saved) = self.eval_data.as_ref().filter(|saved| **saved != identity) {
             return Err(TrainError::Config {
@@ -1078,6 +1078,20 @@ fn new_run_id() -> String {
         nanos ^ u64::from(std::process::id()).rotate_left(32) ^ address,
     );
     format!("{:016x}", rng.next_u64())
+}
+
+/// FNV-1a over the sorted fingerprints of the examples one by one: the same
+/// for the same examples in any order (the eval loss is a sum over the set,
+/// so a reshuffled eval file is the same set).
+fn set_fingerprint(examples: &[Example]) -> u64 {
+    let mut each: Vec<u64> = examples
+        .iter()
+        .map(|e| fingerprint(std::slice::from_ref(e)))
+        .collect();
+    each.sort_unstable();
+    let mut hash = Fnv1a::new();
+    each.into_iter().for_each(|h| hash.eat(h));
+    hash.finish()
 }
 
 /// FNV-1a over the little-endian bytes of each value eaten.
