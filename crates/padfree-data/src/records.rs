@@ -328,11 +328,10 @@ fn record_from_value(value: Value, fields: &FieldNames) -> Result<(Record, Vec<S
             SHAPES_HINT.into(),
         ));
     };
-    let record = record_from_object(&object, fields)?;
-    let used: Vec<String> = match &record {
-        Record::Tokenized { .. } => return Ok((record, Vec::new())),
-        _ => used_fields(&object, fields),
-    };
+    let (record, used) = record_from_object(&object, fields)?;
+    if matches!(record, Record::Tokenized { .. }) {
+        return Ok((record, Vec::new()));
+    }
     let unused = object
         .iter()
         .filter(|(name, value)| {
@@ -342,35 +341,6 @@ fn record_from_value(value: Value, fields: &FieldNames) -> Result<(Record, Vec<S
         .map(|(name, _)| name.clone())
         .collect();
     Ok((record, unused))
-}
-
-/// The fields the shape of `object`'s record reads (the rule of
-/// [`record_from_object`], whose shape it was).
-fn used_fields(object: &Map<String, Value>, fields: &FieldNames) -> Vec<String> {
-    let names = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    if let (Some(template), Some(completion)) = (&fields.prompt_template, &fields.completion) {
-        let mut used = template_fields(template).unwrap_or_default();
-        used.push(completion.clone());
-        return used;
-    }
-    if let (Some(prompt), Some(completion)) = (&fields.prompt, &fields.completion) {
-        return vec![prompt.clone(), completion.clone()];
-    }
-    if let Some(field) = &fields.text {
-        return vec![field.clone()];
-    }
-    let has = |name: &str| object.contains_key(name);
-    if has(fields.messages()) {
-        vec![fields.messages().to_owned()]
-    } else if has("instruction") || has("output") {
-        names(&["instruction", "input", "output"])
-    } else if has("question") || has("answer") {
-        names(&["question", "answer"])
-    } else if has("prompt") || has("completion") {
-        names(&["prompt", "completion"])
-    } else {
-        names(&["text"])
-    }
 }
 
 /// The pieces of a `--prompt-template`: literal text and field names.
@@ -445,19 +415,22 @@ fn template_pieces(template: &str) -> Result<Vec<Piece>, String> {
 
 /// The fields a template names, or why it is not one.
 pub fn template_fields(template: &str) -> Result<Vec<String>, String> {
-    Ok(template_pieces(template)?
-        .into_iter()
-        .filter_map(|piece| match piece {
-            Piece::Field(name) => Some(name),
-            Piece::Text(_) => None,
-        })
-        .collect())
+    Ok(field_names(&template_pieces(template)?))
 }
 
-/// `template` with every `{field}` replaced by the record's value.
-fn render_template(object: &Map<String, Value>, template: &str) -> Result<String, Refusal> {
-    let pieces = template_pieces(template)
-        .map_err(|m| (format!("--prompt-template: {m}"), SHAPES_HINT.to_owned()))?;
+/// The field names among a template's pieces, in order.
+fn field_names(pieces: &[Piece]) -> Vec<String> {
+    pieces
+        .iter()
+        .filter_map(|piece| match piece {
+            Piece::Field(name) => Some(name.clone()),
+            Piece::Text(_) => None,
+        })
+        .collect()
+}
+
+/// A template's pieces with every field replaced by the record's value.
+fn render_template(object: &Map<String, Value>, pieces: Vec<Piece>) -> Result<String, Refusal> {
     let mut out = String::new();
     for piece in pieces {
         match piece {
@@ -482,58 +455,75 @@ fn render_template(object: &Map<String, Value>, template: &str) -> Result<String
     Ok(out)
 }
 
-fn record_from_object(object: &Map<String, Value>, fields: &FieldNames) -> Result<Record, Refusal> {
+/// The record `object` holds, and the names of the fields it was read from.
+fn record_from_object(
+    object: &Map<String, Value>,
+    fields: &FieldNames,
+) -> Result<(Record, Vec<String>), Refusal> {
+    let from = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
     if let (Some(template), Some(completion)) = (&fields.prompt_template, &fields.completion) {
-        return Ok(Record::PromptCompletion {
-            prompt: render_template(object, template)?,
+        let pieces = template_pieces(template)
+            .map_err(|m| (format!("--prompt-template: {m}"), SHAPES_HINT.to_owned()))?;
+        let mut read = field_names(&pieces);
+        read.push(completion.clone());
+        let record = Record::PromptCompletion {
+            prompt: render_template(object, pieces)?,
             completion: text_field(object, completion)?,
-        });
+        };
+        return Ok((record, read));
     }
     if let (Some(prompt), Some(completion)) = (&fields.prompt, &fields.completion) {
-        return Ok(Record::PromptCompletion {
+        let record = Record::PromptCompletion {
             prompt: text_field(object, prompt)?,
             completion: text_field(object, completion)?,
-        });
+        };
+        return Ok((record, from(&[prompt, completion])));
     }
     if let Some(field) = &fields.text {
-        return Ok(Record::Text {
+        let record = Record::Text {
             text: text_field(object, field)?,
-        });
+        };
+        return Ok((record, from(&[field])));
     }
     let has = |name: &str| object.contains_key(name);
     if has("input_ids") {
-        return tokenized_record(object);
+        return Ok((tokenized_record(object)?, from(&["input_ids", "labels"])));
     }
     if has(fields.messages()) {
-        return chat_record(object, fields.messages());
+        let record = chat_record(object, fields.messages())?;
+        return Ok((record, from(&[fields.messages()])));
     }
     if has("instruction") || has("output") {
         let input = match object.get("input") {
             None | Some(Value::Null) => String::new(),
             Some(_) => string_field(object, "input")?,
         };
-        return Ok(Record::Alpaca {
+        let record = Record::Alpaca {
             instruction: text_field(object, "instruction")?,
             input,
             output: text_field(object, "output")?,
-        });
+        };
+        return Ok((record, from(&["instruction", "input", "output"])));
     }
     if has("question") || has("answer") {
-        return Ok(Record::QuestionAnswer {
+        let record = Record::QuestionAnswer {
             question: text_field(object, "question")?,
             answer: text_field(object, "answer")?,
-        });
+        };
+        return Ok((record, from(&["question", "answer"])));
     }
     if has("prompt") || has("completion") {
-        return Ok(Record::PromptCompletion {
+        let record = Record::PromptCompletion {
             prompt: text_field(object, "prompt")?,
             completion: text_field(object, "completion")?,
-        });
+        };
+        return Ok((record, from(&["prompt", "completion"])));
     }
     if has("text") {
-        return Ok(Record::Text {
+        let record = Record::Text {
             text: text_field(object, "text")?,
-        });
+        };
+        return Ok((record, from(&["text"])));
     }
     let names: Vec<&str> = object.keys().map(String::as_str).collect();
     Err((

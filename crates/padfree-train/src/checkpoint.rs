@@ -308,7 +308,8 @@ pub fn other_runs_checkpoints(output_dir: &Path, run_id: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-fn checkpoint_name(step: usize) -> String {
+/// The name of step `step`'s checkpoint directory: `checkpoint-{step}`.
+pub fn checkpoint_name(step: usize) -> String {
     format!("checkpoint-{step}")
 }
 

@@ -63,8 +63,6 @@ pub struct Trainer {
     real_tokens_seen: usize,
     padded_tokens_seen: usize,
     last_checkpoint: Option<PathBuf>,
-    /// The step of the checkpoint written (or resumed from) last.
-    saved_step: Option<usize>,
     eval: Option<EvalSet>,
     /// The held-out set of the eval losses in the history (kept across
     /// resumes, also by a resumed run that does not evaluate).
@@ -208,7 +206,6 @@ impl Trainer {
             real_tokens_seen: 0,
             padded_tokens_seen: 0,
             last_checkpoint: None,
-            saved_step: None,
             eval: None,
             eval_data: None,
             best_model: None,
@@ -271,7 +268,6 @@ impl Trainer {
             ));
         }
         trainer.last_checkpoint = Some(checkpoint_dir.to_owned());
-        trainer.saved_step = Some(trainer.global_step);
         Ok(trainer)
     }
 
@@ -342,13 +338,14 @@ impl Trainer {
     /// it is the last step's model, the final model).
     fn consider_best_model(&mut self, eval_loss: f64, saved: bool) {
         if self.tracks_best_model() && BestModel::improves(self.best_model.as_ref(), eval_loss) {
-            let name = checkpoint::checkpoint_dir(Path::new(""), self.global_step);
-            self.best_model_dir = saved.then(|| self.output_dir.join(&name));
+            let dir = checkpoint::checkpoint_dir(&self.output_dir, self.global_step);
             self.best_model = Some(BestModel {
                 step: self.global_step,
                 eval_loss,
-                checkpoint: saved.then_some(name),
+                checkpoint: saved
+                    .then(|| PathBuf::from(checkpoint::checkpoint_name(self.global_step))),
             });
+            self.best_model_dir = saved.then_some(dir);
         }
     }
 
@@ -502,7 +499,11 @@ impl Trainer {
                 self.consider_best_model(eval.loss, false);
             }
         }
-        if interrupted && self.global_step > first_step && self.saved_step != Some(self.global_step)
+        // Unless the step it stopped after was just saved.
+        let saved_now = checkpoint::checkpoint_dir(&self.output_dir, self.global_step);
+        if interrupted
+            && self.global_step > first_step
+            && self.last_checkpoint.as_deref() != Some(saved_now.as_path())
         {
             self.checkpoint_now(observer)?;
         }
@@ -611,7 +612,8 @@ impl Trainer {
                 "the resumed run evaluated on a held-out set, this one is given none (--eval-data): no more evaluations, and the summary's eval_loss is the last one taken".to_owned(),
             );
         }
-        let resumed = self.saved_step.is_some() && self.global_step > 0;
+        // A fresh run starts at step 0; a resumed one after its checkpoint's.
+        let resumed = self.global_step > 0;
         if resumed && self.tracks_best_model() {
             match (&self.best_model, &self.best_model_dir) {
                 (None, _) if self.log_history.iter().any(|r| r.eval_loss.is_some()) => {
@@ -757,7 +759,6 @@ impl Trainer {
         };
         self.comm.barrier()?;
         self.last_checkpoint = Some(dir.clone());
-        self.saved_step = Some(self.global_step);
         Ok(dir)
     }
 
