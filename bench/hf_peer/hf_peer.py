@@ -58,6 +58,8 @@ class StepClock(TrainerCallback):
         self.times = []
 
     def on_step_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # a step's kernels are queued, not done
         self.times.append(time.perf_counter())
 
 
@@ -66,7 +68,11 @@ def main():
     parser.add_argument("--peer-dir", required=True)
     parser.add_argument("--mode", choices=["padded", "flattening"], required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda when padfree ran on a GPU")
+    parser.add_argument("--attn", default="sdpa",
+                        help="sdpa (float32, as padfree), or flash_attention_2 (bfloat16: flash-attn has no float32)")
     args = parser.parse_args()
+    on_gpu = args.device != "cpu"
 
     with open(os.path.join(args.peer_dir, "settings.json")) as f:
         settings = json.load(f)
@@ -77,8 +83,9 @@ def main():
     torch.set_num_threads(settings["threads"])
     torch.manual_seed(settings["seed"])
 
-    model = LlamaForCausalLM.from_pretrained(os.path.join(args.peer_dir, "model"), dtype=torch.float32,
-                                             attn_implementation="sdpa")
+    dtype = torch.bfloat16 if args.attn == "flash_attention_2" else torch.float32
+    model = LlamaForCausalLM.from_pretrained(os.path.join(args.peer_dir, "model"), dtype=dtype,
+                                             attn_implementation=args.attn)
     model.config.use_cache = False  # transformers detects packed rows only without a cache
     batch_size = settings["per_device_train_batch_size"]
     if any(len(b) != batch_size for b in batches):
@@ -92,7 +99,7 @@ def main():
             adam_beta1=settings["adam_beta1"], adam_beta2=settings["adam_beta2"],
             adam_epsilon=settings["adam_epsilon"], max_grad_norm=settings["max_grad_norm"],
             lr_scheduler_type="linear", warmup_steps=0, logging_steps=1, save_strategy="no",
-            report_to=[], seed=settings["seed"], use_cpu=True, dataloader_num_workers=0,
+            report_to=[], seed=settings["seed"], use_cpu=not on_gpu, dataloader_num_workers=0,
             remove_unused_columns=False, optim="adamw_torch", disable_tqdm=True,
         )
         collator = pad_collator if args.mode == "padded" else DataCollatorWithFlattening(return_tensors="pt")
@@ -109,8 +116,14 @@ def main():
     fed = real if args.mode == "flattening" else sum(len(b) * max(len(e["input_ids"]) for e in b) for b in timed)
     samples = sum(len(b) for b in timed)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    if on_gpu:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    suffix = "" if args.attn == "sdpa" else f"-{args.attn}"
     result = {
-        "mode": f"hf-{args.mode}",
+        "mode": f"hf-{args.mode}{suffix}",
         "timed_steps": len(timed),
         "train_runtime": seconds,
         "real_tokens": real,
@@ -120,7 +133,9 @@ def main():
         "fed_tokens_per_second": fed / seconds,
         "samples_per_second": samples / seconds,
         "padding_fraction": 1.0 - real / fed,
-        "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_memory_bytes": peak,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+        "dtype": str(dtype),
         "final_loss": losses[-1],
         "step_losses": losses,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},

@@ -29,6 +29,19 @@ fn local_ranks() -> Option<usize> {
     .find_map(|name| std::env::var(name).ok()?.parse().ok())
 }
 
+/// This process's rank among the ranks on its node, and how many there are,
+/// from the launcher's environment: each takes its own GPU adapter.
+pub fn local_rank() -> Option<(usize, usize)> {
+    let rank = [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|name| std::env::var(name).ok()?.parse().ok())?;
+    Some((rank, local_ranks()?))
+}
+
 /// The world size the launcher announces, if any.
 #[cfg(not(feature = "mpi"))]
 fn announced_world_size() -> Option<usize> {

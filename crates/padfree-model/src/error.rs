@@ -5,10 +5,10 @@ use thiserror::Error;
 /// Everything loading, validating or running a model can refuse.
 #[derive(Debug, Error)]
 pub enum ModelError {
-    /// A tensor padfree's fused kernels cannot take (they run on the Flex
-    /// CPU backend in f32).
+    /// A tensor padfree's fused kernels cannot take (f32 on the Flex CPU
+    /// backend or on a CubeCL GPU device).
     #[error(
-        "{0}\nHINT: padfree's fused kernels run on the Flex CPU backend in f32; load the model on `tensor::cpu_device`"
+        "{0}\nHINT: padfree's fused kernels take f32 tensors on the CPU (`tensor::cpu_device`) or on a GPU opened by `device::open_device`"
     )]
     UnsupportedTensor(String),
     /// A file could not be read or written. (The reason is in the message,

@@ -33,6 +33,7 @@
 
 pub mod check;
 mod config;
+pub mod device;
 mod error;
 pub mod flops;
 mod input;

@@ -9,7 +9,7 @@ use padfree_pack::{BatchMeta, PaddedBatch, SplitMix64};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::input::ModelInput;
-use crate::kernels::CausalMasks;
+use crate::kernels::{AttentionRows, CausalMasks};
 use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
@@ -172,6 +172,11 @@ impl LlamaModel {
         &self.device
     }
 
+    /// True on the CPU (burn's Flex backend and padfree's host kernels).
+    pub fn on_cpu(&self) -> bool {
+        crate::kernels::on_cpu(&self.device)
+    }
+
     /// Every parameter, in HF order.
     pub fn params(&self) -> Vec<&Param> {
         self.params.iter().collect()
@@ -263,9 +268,10 @@ impl LlamaModel {
             self.config.rope_theta,
             &self.device,
         );
-        let (masks, padded_rows);
+        let (masks, rows);
         let layout = match input {
             ModelInput::Varlen(batch) => {
+                rows = AttentionRows::new(batch.meta().cu_seqlens_shared(), &self.device);
                 // Only the composed kernel reads masks.
                 let lengths = match self.attention_kernel {
                     AttentionKernel::Fused => Vec::new(),
@@ -274,6 +280,7 @@ impl LlamaModel {
                 masks = CausalMasks::new(lengths, &self.device);
                 AttentionLayout::Varlen {
                     meta: batch.meta(),
+                    rows: &rows,
                     kernel: self.attention_kernel,
                     masks: &masks,
                 }
@@ -285,13 +292,14 @@ impl LlamaModel {
             ModelInput::Padded(batch) => {
                 let kernel = match self.attention_kernel {
                     AttentionKernel::Fused => {
-                        padded_rows =
+                        let padded_rows =
                             BatchMeta::from_lengths(vec![batch.seq_len(); batch.batch_size()])
                                 .map_err(|source| ModelError::Pack {
                                     what: "padded rows",
                                     cause: source,
                                 })?;
-                        PaddedAttention::Fused { rows: &padded_rows }
+                        rows = AttentionRows::new(padded_rows.cu_seqlens_shared(), &self.device);
+                        PaddedAttention::Fused { rows: &rows }
                     }
                     AttentionKernel::Composed => PaddedAttention::Composed {
                         mask: Box::new(padded_mask(batch, &self.device)),

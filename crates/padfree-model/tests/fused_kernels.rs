@@ -18,10 +18,10 @@
 mod common;
 
 use common::{assert_close, examples, host, loss_and_grads, param_grads, trainable_model};
-use padfree_model::kernels::{rms_norm, swiglu};
+use padfree_model::kernels::{composed_rms_norm, composed_swiglu, rms_norm, swiglu};
 use padfree_model::tensor::{
     IntoHostVec, Tensor, backward, cpu_device, cpu_device_with_checkpointing, float_tensor, grad,
-    silu, trainable,
+    trainable,
 };
 use padfree_model::{AttentionKernel, LlamaConfig, LlamaModel, ModelInput};
 use padfree_pack::{Example, flatten, pad};
@@ -222,15 +222,8 @@ fn fused_rms_norm_matches_the_composed_formula() {
     let probe = leaf(70, 48, 3).detach();
     let eps = 1e-5;
     let fused = rms_norm(x.clone(), weight.clone(), eps).expect("fused");
-    // HF's LlamaRMSNorm, op by op.
-    let inv_rms = x
-        .clone()
-        .square()
-        .mean_dim(1)
-        .add_scalar(eps)
-        .sqrt()
-        .recip();
-    let composed = x.clone() * inv_rms * weight.clone();
+    // HF's LlamaRMSNorm, op by op (the GPU path too).
+    let composed = composed_rms_norm(x.clone(), weight.clone(), eps);
     assert_close(
         "rms_norm",
         &host(fused.clone()),
@@ -254,7 +247,7 @@ fn fused_swiglu_matches_the_composed_formula() {
     let (gate, up) = (leaf(33, 40, 4), leaf(33, 40, 5));
     let probe = leaf(33, 40, 6).detach();
     let fused = swiglu(gate.clone(), up.clone()).expect("fused");
-    let composed = silu(gate.clone()) * up.clone();
+    let composed = composed_swiglu(gate.clone(), up.clone());
     assert_close(
         "swiglu",
         &host(fused.clone()),

@@ -8,10 +8,11 @@
 
 use std::time::Instant;
 
+use padfree_model::LlamaModel;
 use padfree_model::tensor::IntoHostVec;
-use padfree_model::{LlamaModel, ModelInput};
-use padfree_pack::{Example, PackedBatch, PaddedBatch, flatten, pad};
+use padfree_pack::Example;
 
+use crate::collate::Collated;
 use crate::comm::Communicator;
 use crate::config::{AttentionMode, SaveStrategy};
 use crate::error::TrainError;
@@ -179,46 +180,6 @@ pub fn evaluate(
         label_tokens,
         seconds: started.elapsed().as_secs_f64(),
     })
-}
-
-/// A micro-batch as the attention mode wants it: flattened by the collator,
-/// or padded. Training and evaluation collate through this one place.
-pub(crate) enum Collated {
-    /// Flattened; with the boundaries derived in every layer when `per_layer`.
-    Packed { batch: PackedBatch, per_layer: bool },
-    /// Padded on the right.
-    Padded(PaddedBatch),
-}
-
-impl Collated {
-    pub(crate) fn new(batch: &[Example], attention: AttentionMode) -> Result<Self, TrainError> {
-        Ok(match attention {
-            AttentionMode::Varlen => Self::Packed {
-                batch: flatten(batch)?,
-                per_layer: false,
-            },
-            AttentionMode::VarlenPerLayer => Self::Packed {
-                batch: flatten(batch)?,
-                per_layer: true,
-            },
-            // The pad id is never attended to nor learned; any id will do.
-            AttentionMode::Padded => Self::Padded(pad(batch, 0, None)?),
-        })
-    }
-
-    pub(crate) fn input(&self) -> ModelInput<'_> {
-        match self {
-            Self::Packed {
-                batch,
-                per_layer: false,
-            } => ModelInput::Varlen(batch),
-            Self::Packed {
-                batch,
-                per_layer: true,
-            } => ModelInput::VarlenPerLayer(batch),
-            Self::Padded(batch) => ModelInput::Padded(batch),
-        }
-    }
 }
 
 /// The summed loss of one batch and its label tokens; the graph is dropped

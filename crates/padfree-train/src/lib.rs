@@ -21,14 +21,23 @@
 //! - [`outputs`]: the run's own files (`metrics.jsonl`, results, loss plot)
 //!   and the output-directory check.
 //!
-//! Modules depend one way: `trainer` -> `checkpoint`, `outputs` -> `state`,
-//! `optim`, `metrics`; nothing imports `trainer`.
+//! - `collate.rs`: a micro-batch flattened or padded, for training and
+//!   evaluation alike; `grads.rs`: a step's gradient sums on the host or on
+//!   the device (norm, rank exchange); `optim.rs`: AdamW on the host, and its
+//!   values and moments on a GPU; `best_model.rs`: the run's best model.
+//!
+//! Modules depend one way: `trainer` -> `checkpoint`, `outputs` -> `state`
+//! -> `metrics` -> `best_model`; `trainer` -> `eval` -> `collate`, `grads`,
+//! `optim`; nothing imports `trainer`.
 
+mod best_model;
 pub mod checkpoint;
+mod collate;
 pub mod comm;
 mod config;
 mod error;
 pub mod eval;
+mod grads;
 mod metrics;
 mod optim;
 pub mod outputs;
@@ -37,6 +46,7 @@ mod schedule;
 mod state;
 mod trainer;
 
+pub use best_model::BestModel;
 pub use comm::{CommError, Communicator, LocalGroup, SingleProcess};
 pub use config::{
     AttentionMode, BalanceBy, Batching, Multipack, Packer, SaveStrategy, SchedulerKind,
@@ -48,5 +58,5 @@ pub use metrics::{LogRecord, RunPart, StepMetrics, TrainSummary, peak_memory_byt
 pub use optim::AdamW;
 pub use plan::{PlannedStep, TrainPlan};
 pub use schedule::LrSchedule;
-pub use state::{BestModel, Continuation, DataIdentity, STATE_FORMAT, TrainerState};
+pub use state::{Continuation, DataIdentity, STATE_FORMAT, TrainerState};
 pub use trainer::{Observer, Trainer};

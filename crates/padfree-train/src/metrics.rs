@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::BestModel;
+use crate::best_model::BestModel;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,3 +1,4 @@
+use padfree_model::tensor::{Device, IntoHostVec, Tensor, float_tensor};
 use rayon::prelude::*;
 
 /// AdamW with decoupled weight decay, step for step as PyTorch's
@@ -173,6 +174,92 @@ impl AdamW {
         }
         self.step = step;
         Ok(())
+    }
+}
+
+/// AdamW's values and moments on a GPU, so a step reads nothing back to the
+/// host: the same formula as [`Update::apply`] in burn tensor ops (f32 on
+/// the device; its rounding is the device's, not bit-identical to the host
+/// loop). The host [`AdamW`] keeps the step count and hyperparameters and is
+/// brought up to date from here before a checkpoint is written.
+#[derive(Debug, Clone)]
+pub(crate) struct DeviceAdamW {
+    values: Vec<Tensor<2>>,
+    exp_avg: Vec<Tensor<2>>,
+    exp_avg_sq: Vec<Tensor<2>>,
+}
+
+impl DeviceAdamW {
+    /// The current values of parameter `index`, on the device.
+    pub(crate) fn values(&self, index: usize) -> &Tensor<2> {
+        &self.values[index]
+    }
+}
+
+impl AdamW {
+    /// Uploads values and moments to `device` (no autodiff), each with the
+    /// matrix shape of its parameter.
+    pub(crate) fn to_device(&self, shapes: &[[usize; 2]], device: &Device) -> DeviceAdamW {
+        let upload = |v: &[f32], shape: [usize; 2]| float_tensor(v.to_vec(), shape, device);
+        let mut out = DeviceAdamW {
+            values: Vec::with_capacity(self.groups.len()),
+            exp_avg: Vec::with_capacity(self.groups.len()),
+            exp_avg_sq: Vec::with_capacity(self.groups.len()),
+        };
+        for (group, &shape) in self.groups.iter().zip(shapes) {
+            out.values.push(upload(&group.values, shape));
+            out.exp_avg.push(upload(&group.exp_avg, shape));
+            out.exp_avg_sq.push(upload(&group.exp_avg_sq, shape));
+        }
+        out
+    }
+
+    /// Copies the device's values and moments back (before a checkpoint).
+    pub(crate) fn copy_from_device(&mut self, device: &DeviceAdamW) {
+        for (i, group) in self.groups.iter_mut().enumerate() {
+            group.values = device.values[i].clone().into_vec();
+            group.exp_avg = device.exp_avg[i].clone().into_vec();
+            group.exp_avg_sq = device.exp_avg_sq[i].clone().into_vec();
+        }
+    }
+
+    /// [`Self::step`] on the device: `grads` are the device's gradient sums.
+    pub(crate) fn step_on_device(
+        &mut self,
+        state: &mut DeviceAdamW,
+        grads: &[Tensor<2>],
+        grad_scale: f32,
+        lr: f64,
+    ) {
+        self.step += 1;
+        let bias_correction1 = 1.0 - self.beta1.powi(self.step as i32);
+        let bias_correction2 = 1.0 - self.beta2.powi(self.step as i32);
+        let step_size = f64::from((lr / bias_correction1) as f32);
+        let bias_correction2_sqrt = f64::from(bias_correction2.sqrt() as f32);
+        let (beta1, beta2) = (f64::from(self.beta1 as f32), f64::from(self.beta2 as f32));
+        let eps = f64::from(self.epsilon as f32);
+        let decay_factor = f64::from((1.0 - lr * self.weight_decay) as f32);
+        for (i, grad) in grads.iter().enumerate() {
+            let decay = if self.groups[i].decays {
+                decay_factor
+            } else {
+                1.0
+            };
+            let g = grad.clone().mul_scalar(f64::from(grad_scale));
+            let p = state.values[i].clone().mul_scalar(decay);
+            let m = state.exp_avg[i].clone();
+            let m = m.clone() + (g.clone() - m).mul_scalar(1.0 - beta1);
+            let v = state.exp_avg_sq[i].clone().mul_scalar(beta2)
+                + (g.clone() * g).mul_scalar(1.0 - beta2);
+            let denom = v
+                .clone()
+                .sqrt()
+                .div_scalar(bias_correction2_sqrt)
+                .add_scalar(eps);
+            state.values[i] = p - (m.clone() / denom).mul_scalar(step_size);
+            state.exp_avg[i] = m;
+            state.exp_avg_sq[i] = v;
+        }
     }
 }
 

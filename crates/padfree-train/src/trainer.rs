@@ -1,23 +1,24 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use rayon::prelude::*;
-
 use padfree_model::LlamaModel;
-use padfree_model::tensor::{IntoHostVec, backward, float_tensor, grad, trainable};
+use padfree_model::tensor::{IntoHostVec, Tensor, backward, float_tensor, grad, trainable};
 use padfree_pack::Example;
 
+use crate::best_model::BestModel;
 use crate::checkpoint::{self, Snapshot};
+use crate::collate::Collated;
 use crate::comm::{Communicator, SingleProcess};
 use crate::config::{Batching, SaveStrategy, TrainConfig, Warmup};
 use crate::error::TrainError;
-use crate::eval::{Collated, EvalResult, EvalSet, EvalStrategy, evaluate};
+use crate::eval::{EvalResult, EvalSet, EvalStrategy, evaluate};
+use crate::grads::GradSums;
 use crate::metrics::{LogRecord, RunPart, StepMetrics, TrainSummary, peak_memory_bytes};
-use crate::optim::AdamW;
+use crate::optim::{AdamW, DeviceAdamW};
 use crate::outputs;
 use crate::plan::TrainPlan;
 use crate::schedule::LrSchedule;
-use crate::state::{BestModel, Continuation, DataIdentity, STATE_FORMAT, TrainerState};
+use crate::state::{Continuation, DataIdentity, STATE_FORMAT, TrainerState};
 
 /// Hooks for what the user sees; every method has a do-nothing default.
 pub trait Observer {
@@ -49,7 +50,12 @@ impl Observer for () {}
 #[derive(Debug)]
 pub struct Trainer {
     model: LlamaModel,
+    /// The master values and moments; on a GPU, as of the last checkpoint
+    /// (the live ones are `device_optimizer`'s).
     optimizer: AdamW,
+    /// On a GPU: the values and moments the steps update there, made from
+    /// `optimizer` at the first step (after a resume has filled it).
+    device_optimizer: Option<DeviceAdamW>,
     schedule: LrSchedule,
     plan: TrainPlan,
     config: TrainConfig,
@@ -194,6 +200,7 @@ impl Trainer {
             data_fingerprint: fingerprint(&examples),
             model,
             optimizer,
+            device_optimizer: None,
             schedule,
             plan,
             config,
@@ -407,7 +414,8 @@ impl Trainer {
         &self.schedule
     }
 
-    /// The optimizer, with its moments.
+    /// The optimizer, with its moments (on a GPU, as of the last
+    /// checkpoint: the live values and moments stay on the device).
     pub fn optimizer(&self) -> &AdamW {
         &self.optimizer
     }
@@ -745,6 +753,9 @@ impl Trainer {
         if let Some(eval_loss) = evaluated {
             self.consider_best_model(eval_loss, true);
         }
+        if let Some(device) = &self.device_optimizer {
+            self.optimizer.copy_from_device(device);
+        }
         let dir = if self.writes_outputs() {
             let state = self.state();
             let snapshot = Snapshot {
@@ -833,8 +844,8 @@ impl Trainer {
             }
             _ => None,
         };
-        // Empty until the first micro-batch's gradient moves in.
-        let mut grads: Vec<Vec<f32>> = vec![Vec::new(); self.model.params().len()];
+        let on_device = !self.model.on_cpu();
+        let mut grads = GradSums::new(on_device, self.model.params().len());
         let (mut loss_sum, mut fed_tokens) = (0.0, 0);
         for indices in planned.rank_batches(self.comm.rank()) {
             let batch: Vec<Example> = indices.iter().map(|&i| self.examples[i].clone()).collect();
@@ -842,13 +853,17 @@ impl Trainer {
             loss_sum += pass.loss_sum;
             fed_tokens += pass.fed_tokens;
         }
-        let mut grads = self.zero_where_missing(grads);
+        let device = self.model.device().clone().inner();
+        grads.zero_where_missing(&self.model.params(), &device);
         if self.comm.world_size() > 1 {
-            (loss_sum, fed_tokens) = self.all_reduce(&mut grads, loss_sum, fed_tokens)?;
+            grads.all_reduce(self.comm.as_ref(), &device)?;
+            let mut scalars = [loss_sum, fed_tokens as f64];
+            self.comm.all_reduce_sum_f64(&mut scalars)?;
+            (loss_sum, fed_tokens) = (scalars[0], scalars[1] as usize);
         }
         let step = self.global_step + 1;
         let loss = loss_sum / label_tokens.max(1) as f64;
-        let grad_norm = global_norm(&grads);
+        let grad_norm = grads.global_norm();
         for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
             if !value.is_finite() {
                 return Err(TrainError::NonFinite {
@@ -868,8 +883,30 @@ impl Trainer {
             1.0
         };
         let learning_rate = self.schedule.lr(self.global_step);
-        self.optimizer.step(&grads, clip as f32, learning_rate);
-        self.load_optimizer_values();
+        match grads {
+            GradSums::Host(grads) => {
+                self.optimizer.step(&grads, clip as f32, learning_rate);
+                self.load_optimizer_values();
+            }
+            GradSums::Device(grads) => {
+                let grads: Vec<_> = grads.into_iter().flatten().collect();
+                let shapes: Vec<[usize; 2]> =
+                    self.model.params().iter().map(|p| p.value.dims()).collect();
+                let state = self
+                    .device_optimizer
+                    .get_or_insert_with(|| self.optimizer.to_device(&shapes, &device));
+                self.optimizer
+                    .step_on_device(state, &grads, clip as f32, learning_rate);
+                let strategy = self.model.device().gradient_checkpointing_strategy();
+                for (index, param) in self.model.params_mut().into_iter().enumerate() {
+                    let mut value = Tensor::from_inner(state.values(index).clone());
+                    if let Some(strategy) = strategy {
+                        value = value.with_gradient_checkpointing_strategy(strategy);
+                    }
+                    param.value = trainable(value);
+                }
+            }
+        }
         self.global_step = step;
         self.real_tokens_seen += real_tokens;
         self.padded_tokens_seen += fed_tokens.saturating_sub(real_tokens);
@@ -891,37 +928,13 @@ impl Trainer {
         })
     }
 
-    /// Sums the ranks' gradients (one flat buffer, in parameter order), loss
-    /// sums and fed-token counts; every rank gets the same bits.
-    fn all_reduce(
-        &self,
-        grads: &mut [Vec<f32>],
-        loss_sum: f64,
-        fed_tokens: usize,
-    ) -> Result<(f64, usize), TrainError> {
-        let mut flat: Vec<f32> = Vec::with_capacity(grads.iter().map(Vec::len).sum());
-        for g in grads.iter() {
-            flat.extend_from_slice(g);
-        }
-        self.comm.all_reduce_sum_f32(&mut flat)?;
-        let mut rest = flat.as_slice();
-        for g in grads.iter_mut() {
-            let (head, tail) = rest.split_at(g.len());
-            g.copy_from_slice(head);
-            rest = tail;
-        }
-        let mut scalars = [loss_sum, fed_tokens as f64];
-        self.comm.all_reduce_sum_f64(&mut scalars)?;
-        Ok((scalars[0], scalars[1] as usize))
-    }
-
     /// Forward and backward of one micro-batch; its gradients, already divided
     /// by the window's label-token count, are added to `grads`.
     fn forward_backward(
         &self,
         batch: &[Example],
         window_label_tokens: usize,
-        grads: &mut [Vec<f32>],
+        grads: &mut GradSums,
     ) -> Result<Pass, TrainError> {
         let collated = Collated::new(batch, self.config.attention)?;
         let input = collated.input();
@@ -936,30 +949,15 @@ impl Trainer {
             .unwrap_or(f32::NAN);
         let scaled = loss.sum.div_scalar(window_label_tokens as f64);
         let gradients = backward(&scaled);
-        for (acc, param) in grads.iter_mut().zip(self.model.params()) {
+        for (index, param) in self.model.params().into_iter().enumerate() {
             if let Some(g) = grad(&param.value, &gradients) {
-                let g = g.into_vec();
-                if acc.is_empty() {
-                    *acc = g;
-                } else {
-                    acc.par_iter_mut().zip(g).for_each(|(a, v)| *a += v);
-                }
+                grads.add(index, g);
             }
         }
         Ok(Pass {
             loss_sum: f64::from(loss_sum),
             fed_tokens,
         })
-    }
-
-    /// A parameter no micro-batch reached has a zero gradient.
-    fn zero_where_missing(&self, mut grads: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
-        for (acc, param) in grads.iter_mut().zip(self.model.params()) {
-            if acc.is_empty() {
-                *acc = vec![0.0; param.numel()];
-            }
-        }
-        grads
     }
 
     /// Puts the optimizer's master values into the model as fresh leaves.
@@ -976,17 +974,6 @@ impl Trainer {
 struct Pass {
     loss_sum: f64,
     fed_tokens: usize,
-}
-
-/// The L2 norm of all gradients together, in f64. Each tensor's sum of
-/// squares is taken on its own thread, in element order, and the sums are
-/// added in parameter order: the same value however many threads run.
-fn global_norm(grads: &[Vec<f32>]) -> f64 {
-    let per_tensor: Vec<f64> = grads
-        .par_iter()
-        .map(|g| g.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>())
-        .collect();
-    per_tensor.iter().sum::<f64>().sqrt()
 }
 
 /// Throughput and balance since the previous log line (of this process).

@@ -79,6 +79,9 @@ pub struct BenchArgs {
     /// A model to benchmark: an HF directory or a .gguf file (default: --config).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Where the runs train: cpu, or a GPU (vulkan, wgpu, metal, dx12; `vulkan:1`).
+    #[arg(long, default_value = "cpu", value_parser = super::train::device_choice())]
+    pub device: padfree_model::device::DeviceChoice,
     /// A preset (tiny, small, medium) or config.json, randomly initialised.
     #[arg(long, default_value = "small")]
     pub config: String,
@@ -171,6 +174,7 @@ pub struct Child {
 #[derive(Debug, Clone)]
 pub struct BenchJob {
     pub model: Option<PathBuf>,
+    pub device: padfree_model::device::DeviceChoice,
     pub config: String,
     pub tokenizer: Option<PathBuf>,
     pub data: Option<PathBuf>,
@@ -268,6 +272,7 @@ impl BenchArgs {
                 _ => None,
             },
             model: self.model,
+            device: self.device,
             config: self.config,
             tokenizer: self.tokenizer,
             data: self.data,
@@ -344,6 +349,7 @@ impl BenchJob {
             max_seq_len: self.max_seq_len,
             overlong: Overlong::Truncate,
             gradient_checkpointing: false,
+            device: self.device,
             multipack_examples_per_bin: mode.multipack.then_some(batch),
             verify_packing: None,
             eval: None,

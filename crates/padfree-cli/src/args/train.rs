@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use clap::ValueEnum;
 use padfree_data::{FieldNames, Overlong};
+use padfree_model::device::DeviceChoice;
 use padfree_train::{
     AttentionMode, BalanceBy, Batching, EvalSettings, EvalStrategy, Multipack, Packer,
     SaveStrategy, SchedulerKind, TrainConfig, Warmup,
@@ -145,6 +146,10 @@ pub struct TrainArgs {
     /// keeping them (burn's balanced gradient checkpointing).
     #[arg(long)]
     pub gradient_checkpointing: bool,
+    /// Where the model trains: cpu, or a GPU (vulkan, wgpu, metal, dx12;
+    /// `vulkan:1` picks an adapter). Never replaced by another device.
+    #[arg(long, default_value = "cpu", value_parser = device_choice())]
+    pub device: DeviceChoice,
     /// Micro-batches per optimizer step; the loss is normalised by all their label tokens.
     #[arg(long, default_value_t = 1)]
     pub gradient_accumulation_steps: usize,
@@ -243,6 +248,11 @@ pub fn attention_mode() -> impl clap::builder::TypedValueParser<Value = Attentio
         .try_map(|name| name.parse::<AttentionMode>())
 }
 
+/// `--device`: a name padfree knows (opening it comes later, before any work).
+pub fn device_choice() -> impl clap::builder::TypedValueParser<Value = DeviceChoice> {
+    |value: &str| value.parse::<DeviceChoice>()
+}
+
 /// Whether a model or tokenizer path names a GGUF file.
 pub fn is_gguf(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "gguf")
@@ -290,6 +300,8 @@ pub struct TrainJob {
     pub max_seq_len: usize,
     pub overlong: Overlong,
     pub gradient_checkpointing: bool,
+    /// `--device`.
+    pub device: DeviceChoice,
     /// Multipack without --max-tokens-per-batch: bins hold this many
     /// examples of mean length; set from the data by `resolve_capacity`.
     pub multipack_examples_per_bin: Option<usize>,
@@ -514,6 +526,7 @@ impl TrainArgs {
                 OverlongArg::Drop => Overlong::Drop,
             },
             gradient_checkpointing: self.gradient_checkpointing,
+            device: self.device,
             multipack_examples_per_bin,
             verify_packing: self.verify_packing.then_some(self.verify_packing_batches),
             eval,

@@ -11,8 +11,10 @@ use padfree_data::{
     FieldNames, Record, SourceRecord, TextTokenizer, TokenizeConfig, read_records,
     read_records_from_str, tokenize_records, unused_text_fields,
 };
+use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::gguf::GgufFile;
-use padfree_model::tensor::{cpu_device, cpu_device_with_checkpointing};
+use padfree_model::kernels::kernel_bodies;
+use padfree_model::tensor::{Device, cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
 use padfree_train::TrainError;
 
@@ -37,6 +39,8 @@ pub struct Loaded {
 
 /// Loads the model, tokenizer and data of `job`, printing what was loaded.
 pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
+    // First: a device that cannot be opened is refused before any work.
+    let device = training_device(job)?;
     let (data_name, records) = read_data(
         "data",
         job.data.as_deref(),
@@ -80,7 +84,7 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
         }
         _ => None,
     };
-    let model = load_model(job, preset_vocab)?;
+    let model = load_model(job, &device, preset_vocab)?;
     let config = model.config().clone();
     say!(
         "model: {} ({} layers, hidden {}, {} heads / {} kv heads, vocab {}, {:.1}M parameters)",
@@ -240,12 +244,55 @@ fn describe_model(job: &TrainJob) -> String {
 }
 
 /// `preset_vocab`: the vocabulary size a preset takes (from the tokenizer).
-fn load_model(job: &TrainJob, preset_vocab: Option<usize>) -> anyhow::Result<LlamaModel> {
-    let device = if job.gradient_checkpointing {
-        cpu_device_with_checkpointing()
-    } else {
-        cpu_device(true)
+/// The autodiff device of `--device` (each data-parallel rank its own
+/// adapter, unless the flag names one), opened and named in the log with
+/// the body every kernel runs there.
+fn training_device(job: &TrainJob) -> anyhow::Result<Device> {
+    let device = match job.device {
+        DeviceChoice::Cpu if job.gradient_checkpointing => cpu_device_with_checkpointing(),
+        DeviceChoice::Cpu => cpu_device(true),
+        choice => {
+            let choice = match crate::ranks::local_rank() {
+                Some((rank, size)) if size > 1 => choice.with_default_index(rank),
+                _ => choice,
+            };
+            let opened = open_device(choice)?;
+            println_rank(&format!(
+                "device: {} = {}",
+                opened.choice, opened.description
+            ));
+            let device = opened.device.autodiff();
+            if job.gradient_checkpointing {
+                device.gradient_checkpointing()
+            } else {
+                device
+            }
+        }
     };
+    if job.device.is_gpu() {
+        let bodies: Vec<String> = kernel_bodies(&device)
+            .into_iter()
+            .map(|(kernel, body)| format!("{kernel}: {body}"))
+            .collect();
+        say!("kernels: {}", bodies.join("; "));
+    }
+    Ok(device)
+}
+
+/// Every rank says which adapter it opened.
+fn println_rank(line: &str) {
+    match crate::ranks::local_rank() {
+        Some((rank, size)) if size > 1 => println!("[local rank {rank}] {line}"),
+        _ => println!("{line}"),
+    }
+}
+
+fn load_model(
+    job: &TrainJob,
+    device: &Device,
+    preset_vocab: Option<usize>,
+) -> anyhow::Result<LlamaModel> {
+    let device = device.clone();
     if let Some(dir) = &job.resume_from_checkpoint {
         let model = LlamaModel::from_hf_dir(dir, &device)
             .with_context(|| format!("loading the checkpoint {}", dir.display()))?;

@@ -277,6 +277,58 @@ impl Signals {
     }
 }
 
+/// burn's tensor API cannot return an error, so a GPU that runs out of
+/// memory panics inside the runtime. This hook turns that panic into an
+/// error with the runtime's figures, a HINT and where to resume; every
+/// checkpoint is written through a temporary directory, so the last one is
+/// whole. Other panics keep the default report.
+fn device_memory_hook(signals: Arc<Mutex<Signals>>) {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        match out_of_device_memory(message) {
+            Some(figures) => {
+                let last = signals
+                    .try_lock()
+                    .map(|signals| signals.last_saved())
+                    .unwrap_or_default();
+                eprintln!(
+                    "error: the device ran out of memory: {figures}\nHINT: lower --per-device-train-batch-size or --max-tokens-per-batch, add --gradient-checkpointing, or train a smaller model{last}"
+                );
+                crate::ranks::end_job_after_error();
+                std::process::exit(1);
+            }
+            None => default(info),
+        }
+    }));
+}
+
+/// The first line of a runtime's out-of-memory report (cubecl's
+/// `out of device memory allocating N bytes`, wgpu's `OutOfMemory`), or
+/// `None` for any other panic.
+fn out_of_device_memory(message: &str) -> Option<String> {
+    let lower = message.to_ascii_lowercase();
+    let oom = [
+        "out of device memory",
+        "out-of-memory",
+        "outofmemory",
+        "out of memory",
+    ];
+    oom.iter().any(|needle| lower.contains(needle)).then(|| {
+        message
+            .lines()
+            .find(|line| line.to_ascii_lowercase().contains("memory"))
+            .unwrap_or(message)
+            .trim()
+            .to_owned()
+    })
+}
+
 fn lock(signals: &Mutex<Signals>) -> std::sync::MutexGuard<'_, Signals> {
     signals.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -331,6 +383,7 @@ impl Progress {
             }
         })
         .context("installing the Ctrl-C handler")?;
+        device_memory_hook(Arc::clone(&signals));
         let write_delay = std::env::var("PADFREE_WRITE_DELAY_MS")
             .ok()
             .and_then(|ms| ms.parse().ok())
@@ -410,5 +463,25 @@ impl Observer for Progress {
 
     fn stop_requested(&self) -> bool {
         lock(&self.signals).stop
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::out_of_device_memory;
+
+    #[test]
+    fn a_runtimes_out_of_memory_panic_is_recognised_with_its_figures() {
+        let cubecl = "out of device memory allocating 4294967296 bytes\nBacktrace\n  0: ...";
+        assert_eq!(
+            out_of_device_memory(cubecl).as_deref(),
+            Some("out of device memory allocating 4294967296 bytes")
+        );
+        let launch = "An out-of-memory error happened during launch\nCaused by:\n  pool exhausted";
+        assert!(out_of_device_memory(launch).is_some());
+        assert_eq!(
+            out_of_device_memory("index out of bounds: the len is 3"),
+            None
+        );
     }
 }

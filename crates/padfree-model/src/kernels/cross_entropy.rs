@@ -17,7 +17,9 @@
 
 use std::sync::Arc;
 
-use crate::tensor::{Int, Tensor, gather_columns};
+use crate::tensor::{Int, Tensor, gather_columns, int_tensor_nd};
+
+use super::attention::is_cpu;
 
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
@@ -31,6 +33,16 @@ pub fn cross_entropy_sum(
     logits: Tensor<2>,
     targets: &[usize],
 ) -> Result<Tensor<1>, UnsupportedTensor> {
+    let device = logits.device();
+    if !is_cpu(&device) {
+        // burn's own kernels until a CubeCL body is written (docs/gpu.md).
+        let targets: Vec<i64> = targets.iter().map(|&t| t as i64).collect();
+        let len = targets.len();
+        return Ok(composed_cross_entropy_sum(
+            logits,
+            int_tensor_nd(targets, [len], &device),
+        ));
+    }
     let op = CrossEntropy {
         targets: Arc::new(targets.to_vec()),
     };

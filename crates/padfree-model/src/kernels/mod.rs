@@ -21,9 +21,33 @@ mod simd;
 mod swiglu;
 
 pub use attention::{
-    CausalMasks, composed_padded_attention, composed_varlen_attention, varlen_attention,
+    AttentionRows, CausalMasks, composed_padded_attention, composed_varlen_attention,
+    varlen_attention,
 };
 pub use cross_entropy::{composed_cross_entropy_sum, cross_entropy_sum};
 pub use host_op::UnsupportedTensor;
-pub use rms_norm::rms_norm;
-pub use swiglu::swiglu;
+pub use rms_norm::{composed_rms_norm, rms_norm};
+pub use swiglu::{composed_swiglu, swiglu};
+
+/// True on burn's Flex device, where the host kernels run.
+pub fn on_cpu(device: &crate::tensor::Device) -> bool {
+    attention::is_cpu(device)
+}
+
+/// Which body each kernel runs on `device`, for the log: `(kernel, body)`.
+pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'static str)> {
+    if attention::is_cpu(device) {
+        return vec![
+            ("varlen attention", "fused host kernel"),
+            ("cross-entropy", "fused host kernel"),
+            ("RMSNorm", "fused host kernel"),
+            ("SwiGLU", "fused host kernel"),
+        ];
+    }
+    vec![
+        ("varlen attention", "CubeCL kernel"),
+        ("cross-entropy", "composed burn ops (no CubeCL kernel yet)"),
+        ("RMSNorm", "composed burn ops (no CubeCL kernel yet)"),
+        ("SwiGLU", "composed burn ops (no CubeCL kernel yet)"),
+    ]
+}

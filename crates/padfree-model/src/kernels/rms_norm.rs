@@ -11,6 +11,7 @@
 
 use burn::tensor::Tensor;
 
+use super::attention::is_cpu;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use rayon::prelude::*;
 
@@ -19,8 +20,20 @@ use rayon::prelude::*;
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last dimension.
 ///
 /// `x`: `[N, C]`, `weight`: `[1, C]` -> `[N, C]`.
+/// On a GPU this is [`composed_rms_norm`] (burn's own kernels) until a
+/// CubeCL body is written (docs/gpu.md).
 pub fn rms_norm(x: Tensor<2>, weight: Tensor<2>, eps: f64) -> Result<Tensor<2>, UnsupportedTensor> {
+    if !is_cpu(&x.device()) {
+        return Ok(composed_rms_norm(x, weight, eps));
+    }
     apply(RmsNorm { eps: eps as f32 }, [x, weight])
+}
+
+/// The oracle, and the GPU path: RMSNorm composed of burn ops, in f32 as
+/// transformers computes it.
+pub fn composed_rms_norm(x: Tensor<2>, weight: Tensor<2>, eps: f64) -> Tensor<2> {
+    let mean_square = x.clone().powi_scalar(2).mean_dim(1);
+    x * (mean_square + eps).sqrt().recip() * weight
 }
 
 #[derive(Debug, Clone)]

@@ -7,6 +7,7 @@
 
 use burn::tensor::Tensor;
 
+use super::attention::is_cpu;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
 use rayon::prelude::*;
@@ -14,8 +15,19 @@ use rayon::prelude::*;
 // ---- the differentiable burn op ----
 
 /// `silu(gate) * up`, element-wise; `gate`, `up`: `[N, I]` -> `[N, I]`.
+///
+/// On a GPU this is [`composed_swiglu`] (burn's own kernels) until a CubeCL
+/// body is written (docs/gpu.md).
 pub fn swiglu(gate: Tensor<2>, up: Tensor<2>) -> Result<Tensor<2>, UnsupportedTensor> {
+    if !is_cpu(&gate.device()) {
+        return Ok(composed_swiglu(gate, up));
+    }
     apply(SwiGlu, [gate, up])
+}
+
+/// The oracle, and the GPU path: `silu(gate) * up` from burn ops.
+pub fn composed_swiglu(gate: Tensor<2>, up: Tensor<2>) -> Tensor<2> {
+    crate::tensor::silu(gate) * up
 }
 
 #[derive(Debug, Clone)]

@@ -4,7 +4,8 @@ use super::norm::RmsNorm;
 use super::rope::Rope;
 use crate::error::ModelError;
 use crate::kernels::{
-    CausalMasks, composed_padded_attention, composed_varlen_attention, varlen_attention,
+    AttentionRows, CausalMasks, composed_padded_attention, composed_varlen_attention,
+    varlen_attention,
 };
 use crate::tensor::{Bool, Tensor, linear};
 use crate::weights::table::Param;
@@ -12,13 +13,13 @@ use crate::weights::table::Param;
 /// How attention is computed, for flattened and padded batches alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKernel {
-    /// padfree's fused kernel (`kernels/attention.rs`): one call per layer for the
+    /// padfree's fused kernel (`kernels/attention/`): one call per layer for the
     /// whole batch, with its own backward pass. The default.
     #[default]
     Fused,
     /// One attention per example (or per padded row, with a mask) built from
     /// burn tensor ops: slow, obvious, kept as the oracle the fused kernel is
-    /// tested against (`kernels/attention.rs` too).
+    /// tested against (`kernels/attention/` too).
     Composed,
 }
 
@@ -30,6 +31,9 @@ pub enum AttentionLayout<'a> {
     Varlen {
         /// The collator's boundaries.
         meta: &'a BatchMeta,
+        /// The same boundaries as the fused kernel reads them (on a GPU,
+        /// uploaded once for every layer).
+        rows: &'a AttentionRows,
         /// Fused or composed.
         kernel: AttentionKernel,
         /// Causal masks of the batch's example lengths (composed kernel only).
@@ -65,7 +69,7 @@ pub enum PaddedAttention<'a> {
     /// still cost their full share, as padding does.
     Fused {
         /// `B` sequences of `L` tokens.
-        rows: &'a BatchMeta,
+        rows: &'a AttentionRows,
     },
     /// Composed burn ops with a `[B, 1, L, L]` mask, true where a query may
     /// not see a key (the future, or a pad); boxed, as a tensor handle is
@@ -119,14 +123,15 @@ impl Attention<'_> {
         let k = rope.apply(per_head_norm(k, hkv, d, self.k_norm.as_ref())?);
         let context = match layout {
             AttentionLayout::Varlen {
-                meta,
+                rows,
                 kernel: AttentionKernel::Fused,
                 ..
-            } => self.fused(q, k, v, meta)?,
+            } => self.fused(q, k, v, rows)?,
             AttentionLayout::Varlen {
                 meta,
                 kernel: AttentionKernel::Composed,
                 masks,
+                ..
             } => self.heads_joined(composed_varlen_attention(q, k, v, meta, masks)),
             AttentionLayout::VarlenPerLayer {
                 position_ids,
@@ -140,7 +145,10 @@ impl Attention<'_> {
                     }
                 })?;
                 match kernel {
-                    AttentionKernel::Fused => self.fused(q, k, v, &meta)?,
+                    AttentionKernel::Fused => {
+                        let rows = AttentionRows::new(meta.cu_seqlens_shared(), &q.device());
+                        self.fused(q, k, v, &rows)?
+                    }
                     AttentionKernel::Composed => {
                         let masks = CausalMasks::new(meta.seq_lens(), &q.device());
                         self.heads_joined(composed_varlen_attention(q, k, v, &meta, &masks))
@@ -175,10 +183,10 @@ impl Attention<'_> {
         q: Tensor<3>,
         k: Tensor<3>,
         v: Tensor<3>,
-        meta: &BatchMeta,
+        rows: &AttentionRows,
     ) -> Result<Tensor<2>, ModelError> {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let context = varlen_attention(q, k, v, meta.cu_seqlens_shared(), scale)?;
+        let context = varlen_attention(q, k, v, rows, scale)?;
         Ok(self.heads_joined(context))
     }
 

@@ -1,9 +1,11 @@
 //! Helpers shared by the model's integration tests.
 #![allow(dead_code)]
 
-use padfree_model::tensor::{Gradients, IntoHostVec, Tensor, backward, cpu_device, grad};
+use std::path::{Path, PathBuf};
+
+use padfree_model::tensor::{Device, Gradients, IntoHostVec, Tensor, backward, cpu_device, grad};
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
-use padfree_pack::{Example, synthetic_prompted_examples};
+use padfree_pack::{Example, flatten, synthetic_prompted_examples};
 use safetensors::{Dtype, SafeTensors};
 
 /// Examples of the given lengths with pseudo-random ids below `vocab`, the
@@ -106,4 +108,65 @@ pub fn fixture_examples(tensors: &SafeTensors<'_>, labels: &[i64]) -> Vec<Exampl
         start = end;
     }
     examples
+}
+
+pub fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/hf")
+        .join(name)
+}
+
+/// The HF fixture `name` (`fixtures/hf/`) on `device` (autodiff): our
+/// collator against `DataCollatorWithFlattening`, our logits, mean loss and
+/// every gradient against transformers' (tolerances: `hf_reference.rs`).
+pub fn check_against_transformers(name: &str, device: &Device) {
+    let dir = fixture_dir(name);
+    let bytes = std::fs::read(dir.join("expected.safetensors")).expect("fixture present");
+    let expected = SafeTensors::deserialize(&bytes).expect("valid fixture");
+
+    // Rebuild the examples and flatten them with our collator.
+    let labels = ints(&expected, "labels");
+    let examples = fixture_examples(&expected, &labels);
+    let batch = flatten(&examples).expect("flattens");
+    let hf_positions: Vec<u32> = ints(&expected, "position_ids")
+        .iter()
+        .map(|&p| p as u32)
+        .collect();
+    assert_eq!(
+        batch.labels(),
+        labels.as_slice(),
+        "labels differ from DataCollatorWithFlattening's"
+    );
+    assert_eq!(
+        batch.position_ids(),
+        hf_positions.as_slice(),
+        "position_ids differ from transformers'"
+    );
+
+    let model = LlamaModel::from_hf_dir(&dir, device).expect("loads the HF checkpoint");
+    let input = ModelInput::Varlen(&batch);
+    let logits = model.forward(&input).expect("forward");
+    assert_close(
+        "logits",
+        &host(logits.clone()),
+        &floats(&expected, "logits"),
+        2e-5,
+        0.0,
+    );
+
+    let loss = causal_lm_loss(logits, &input.targets()).expect("loss");
+    let mean = loss.mean();
+    assert_close(
+        "mean loss",
+        &host(mean.clone()),
+        &floats(&expected, "loss"),
+        0.0,
+        1e-5,
+    );
+
+    let grads = param_grads(&model, &backward(&mean));
+    for (param, ours) in grads {
+        let theirs = floats(&expected, &format!("grad.{param}"));
+        assert_close(&format!("{param}: gradient"), &ours, &theirs, 1e-7, 1e-4);
+    }
 }

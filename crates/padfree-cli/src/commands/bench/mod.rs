@@ -65,6 +65,7 @@ impl BenchJob {
                 self.per_device_train_batch_size.to_string(),
             ),
             ("--max-steps", self.max_steps.to_string()),
+            ("--device", self.device.to_string()),
             (
                 "--timing-warmup-steps",
                 self.timing_warmup_steps.to_string(),

@@ -15,8 +15,16 @@ use super::ModeResult;
 use crate::args::BenchJob;
 use crate::commands::load;
 
-/// The repository this binary was built from (the peer's script lives there).
+/// The repository the peer's script lives in: `PADFREE_REPO`, else the
+/// working directory when it holds the script (a binary carried to another
+/// machine, run in a copy of the repository), else the one it was built from.
 pub(super) fn repository() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PADFREE_REPO") {
+        return PathBuf::from(dir);
+    }
+    if Path::new("bench/hf_peer/hf_peer.py").is_file() {
+        return PathBuf::from(".");
+    }
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -111,6 +119,9 @@ pub(super) fn run_mode(
             mode,
             "--out",
             &out.display().to_string(),
+            // HF on the machine's CUDA GPU when padfree ran on a GPU.
+            "--device",
+            if args.device.is_gpu() { "cuda" } else { "cpu" },
         ])
         .env("OMP_NUM_THREADS", args.threads.to_string())
         .output()

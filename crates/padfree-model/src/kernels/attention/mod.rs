@@ -37,33 +37,103 @@ use rayon::prelude::*;
 
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd::{self, dot};
-use crate::tensor::{Bool, Device, Tensor, cat, causal_mask, mask_fill, narrow, softmax_last};
+use crate::tensor::{
+    Bool, Device, Tensor, cat, causal_mask, float_tensor, mask_fill, narrow, softmax_last,
+};
+
+#[cfg(feature = "wgpu")]
+mod cube;
 
 // ---- the differentiable burn op ----
 
-/// Fused causal attention of every example of a flattened batch.
+/// The boundaries of a batch as the attention kernels read them, made once
+/// per forward pass from the collator's `cu_seqlens` and lent to every layer:
+/// the offsets themselves for the host kernel (shared, not copied), and on a
+/// GPU the `[T, 2]` start and end of every row's example, uploaded once.
+#[derive(Debug, Clone)]
+pub struct AttentionRows {
+    cu_seqlens: Arc<[u32]>,
+    /// `[T, 2]` on the device (GPU only).
+    bounds: Option<Tensor<2>>,
+}
+
+impl AttentionRows {
+    /// The rows of `cu_seqlens` (`B + 1` offsets from 0 to `T`) for a model on
+    /// `device`.
+    pub fn new(cu_seqlens: Arc<[u32]>, device: &Device) -> Self {
+        let bounds = (!is_cpu(device)).then(|| {
+            let mut values = Vec::with_capacity(2 * total_tokens(&cu_seqlens));
+            for bounds in cu_seqlens.windows(2) {
+                for _ in bounds[0]..bounds[1] {
+                    values.extend([bounds[0] as f32, bounds[1] as f32]);
+                }
+            }
+            let tokens = values.len() / 2;
+            float_tensor(values, [tokens, 2], &device.clone().inner())
+        });
+        Self { cu_seqlens, bounds }
+    }
+
+    /// The offsets, `B + 1`.
+    pub fn cu_seqlens(&self) -> &[u32] {
+        &self.cu_seqlens
+    }
+}
+
+/// True on burn's Flex device, where the host kernels run.
+pub(crate) fn is_cpu(device: &Device) -> bool {
+    device.clone().inner() == Device::flex()
+}
+
+/// Fused causal attention of every example of a flattened batch: the host
+/// kernel on the CPU, the CubeCL kernel (`cube.rs`) on a GPU.
 ///
-/// `q`: `[T, H, D]`, `k`, `v`: `[T, Hkv, D]`, `cu_seqlens`: `B + 1` offsets
-/// (the collator's own, from `BatchMeta::cu_seqlens_shared`: kept for the
-/// backward pass without a copy) -> `[T, H, D]`.
+/// `q`: `[T, H, D]`, `k`, `v`: `[T, Hkv, D]`, `rows`: the batch's boundaries
+/// -> `[T, H, D]`.
 pub fn varlen_attention(
     q: Tensor<3>,
     k: Tensor<3>,
     v: Tensor<3>,
-    cu_seqlens: Arc<[u32]>,
+    rows: &AttentionRows,
     scale: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
     let [_, num_heads, head_dim] = q.dims();
+    let dims = AttentionDims {
+        num_heads,
+        num_kv_heads: k.dims()[1],
+        head_dim,
+    };
+    if let Some(bounds) = &rows.bounds {
+        return gpu_attention([q, k, v], bounds, dims, scale);
+    }
     let op = VarlenAttention {
-        cu_seqlens,
-        dims: AttentionDims {
-            num_heads,
-            num_kv_heads: k.dims()[1],
-            head_dim,
-        },
+        cu_seqlens: rows.cu_seqlens.clone(),
+        dims,
         scale,
     };
     apply(op, [q, k, v])
+}
+
+#[cfg(feature = "wgpu")]
+fn gpu_attention(
+    inputs: [Tensor<3>; 3],
+    bounds: &Tensor<2>,
+    dims: AttentionDims,
+    scale: f32,
+) -> Result<Tensor<3>, UnsupportedTensor> {
+    cube::attention(inputs, bounds, dims, scale)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn gpu_attention(
+    _: [Tensor<3>; 3],
+    _: &Tensor<2>,
+    _: AttentionDims,
+    _: f32,
+) -> Result<Tensor<3>, UnsupportedTensor> {
+    Err(UnsupportedTensor(
+        "padfree was built without its GPU kernels (feature `wgpu`)".into(),
+    ))
 }
 
 #[derive(Debug, Clone)]

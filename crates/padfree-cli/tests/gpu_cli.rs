@@ -1,0 +1,151 @@
+//! `padfree` on a GPU through the binary (feature `wgpu`; CI runs it on
+//! Mesa's lavapipe): 5 training steps on the device against the same steps
+//! on the CPU, a GPU checkpoint resumed on the CPU, `padfree check` on the
+//! device, and a device that does not exist refused before any work.
+//!
+//! The device is `PADFREE_TEST_DEVICE` (default `vulkan`); never skipped.
+#![cfg(feature = "wgpu")]
+
+mod common;
+
+use std::path::Path;
+
+use common::{padfree_in_repo, scratch, stderr};
+
+fn device() -> String {
+    std::env::var("PADFREE_TEST_DEVICE").unwrap_or_else(|_| "vulkan".into())
+}
+
+/// `(step, loss)` of every logged step.
+fn losses(out: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .expect("metrics")
+        .lines()
+        .filter_map(|line| {
+            let record: serde_json::Value = serde_json::from_str(line).expect("json line");
+            Some((record["step"].as_u64()?, record.get("loss")?.as_f64()?))
+        })
+        .collect()
+}
+
+/// The tiny preset on the shipped data, every step logged and saved.
+fn train(out: &Path, device: &str, steps: &str, extra: &[&str]) -> String {
+    let out_arg = out.display().to_string();
+    let mut args = vec![
+        "train",
+        "--config",
+        "tiny",
+        "--device",
+        device,
+        "--max-steps",
+        steps,
+        "--per-device-train-batch-size",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--logging-steps",
+        "1",
+        "--save-steps",
+        "1",
+        "--eval-strategy",
+        "no",
+        "--output-dir",
+        &out_arg,
+    ];
+    args.extend(extra);
+    let output = padfree_in_repo(&args);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{}{stdout}", stderr(&output));
+    stdout
+}
+
+fn assert_losses_close(gpu: &[(u64, f64)], cpu: &[(u64, f64)]) {
+    assert_eq!(gpu.len(), cpu.len(), "{gpu:?} vs {cpu:?}");
+    for ((gs, g), (cs, c)) in gpu.iter().zip(cpu) {
+        assert_eq!(gs, cs);
+        assert!(
+            (g - c).abs() <= 1e-4 * c.abs(),
+            "step {gs}: loss {g} on the GPU, {c} on the CPU"
+        );
+    }
+}
+
+#[test]
+fn five_steps_on_the_gpu_match_the_cpu_and_its_checkpoint_resumes_on_the_cpu() {
+    let dir = scratch("gpu-train");
+    let (gpu_out, cpu_out, resumed_out) = (
+        dir.path().join("gpu"),
+        dir.path().join("cpu"),
+        dir.path().join("resumed"),
+    );
+    let stdout = train(&gpu_out, &device(), "5", &[]);
+    assert!(stdout.contains("device: "), "{stdout}");
+    assert!(
+        stdout.contains("varlen attention: CubeCL kernel"),
+        "{stdout}"
+    );
+    train(&cpu_out, "cpu", "5", &[]);
+    let (gpu, cpu) = (losses(&gpu_out), losses(&cpu_out));
+    assert_eq!(gpu.len(), 5, "{gpu:?}");
+    assert_losses_close(&gpu, &cpu);
+
+    // The GPU's checkpoint after step 3 (HF-named f32 files, moments
+    // included) resumed on the CPU continues as the CPU run did.
+    let checkpoint = gpu_out.join("checkpoint-3").display().to_string();
+    train(
+        &resumed_out,
+        "cpu",
+        "5",
+        &["--resume-from-checkpoint", &checkpoint],
+    );
+    let resumed = losses(&resumed_out);
+    let tail: Vec<_> = cpu.iter().filter(|(step, _)| *step > 3).copied().collect();
+    let resumed_tail: Vec<_> = resumed
+        .iter()
+        .filter(|(step, _)| *step > 3)
+        .copied()
+        .collect();
+    assert_losses_close(&resumed_tail, &tail);
+}
+
+#[test]
+fn the_packing_check_passes_on_the_gpu() {
+    let output = padfree_in_repo(&[
+        "check",
+        "--config",
+        "tiny",
+        "--device",
+        &device(),
+        "--per-device-train-batch-size",
+        "3",
+        "--batches",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{}{stdout}", stderr(&output));
+    assert!(stdout.contains("device: "), "{stdout}");
+}
+
+#[test]
+fn an_adapter_that_does_not_exist_is_refused_before_any_work() {
+    let dir = scratch("gpu-refused");
+    let out = dir.path().join("out");
+    let name = format!("{}:99", device());
+    let out_arg = out.display().to_string();
+    let output = padfree_in_repo(&[
+        "train",
+        "--config",
+        "tiny",
+        "--device",
+        &name,
+        "--max-steps",
+        "1",
+        "--output-dir",
+        &out_arg,
+    ]);
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(err.contains(&format!("device `{name}`")), "{err}");
+    assert!(err.contains("HINT"), "{err}");
+    assert!(!out.exists(), "nothing written for a refused device");
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# padfree on a real GPU against HF transformers on the same batches: a
+# SmolLM2-135M-shaped and a 1B-shaped (TinyLlama-1.1B) Llama, randomly
+# initialised, padded vs padding-free, padfree through Vulkan, HF through
+# CUDA (sdpa in float32, as padfree; flash-attention 2 in bfloat16 where
+# `flash_attn` is installed, since it has no float32). Prints real tokens/s,
+# peak memory and MFU against the GPU's float32 peak, and writes
+# $out/gpu-bench.md.
+#
+# Needs nothing built on the GPU machine: a padfree built elsewhere with
+#   cargo build --release --locked --features wgpu && strip target/release/padfree
+# carried as .gpu/padfree (about 50 MB), the repository's bench/hf_peer/
+# script, python3 with torch and transformers, and a Vulkan loader
+# (libvulkan1; `.gl/*.deb` are unpacked when present). No network.
+#
+#   bash scripts/gpu_bench.sh [BIN] [OUTPUT_DIR]
+#
+# FP32_PEAK_TFLOPS overrides the peak MFU is measured against (default 67,
+# the H200 SXM's dense float32 figure from NVIDIA's data sheet).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-.gpu/padfree}
+out=${2:-runs/gpu-bench-$(date +%Y%m%d-%H%M%S)}
+peak=${FP32_PEAK_TFLOPS:-67}
+steps=${GPU_BENCH_STEPS:-6}
+warmup=${GPU_BENCH_WARMUP:-2}
+mkdir -p "$out"
+
+if [ -d .gl ] && ! ldconfig -p | grep -q libvulkan; then
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+fi
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" || true
+"$bin" --version
+
+cat >"$out/smollm2-135m.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+ "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+ "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+ "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 100000.0,
+ "tie_word_embeddings": true, "initializer_range": 0.041666666666666664,
+ "hidden_act": "silu", "attention_bias": false, "mlp_bias": false}
+JSON
+cat >"$out/llama-1b.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+ "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
+ "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 64,
+ "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+ "tie_word_embeddings": false, "initializer_range": 0.02,
+ "hidden_act": "silu", "attention_bias": false, "mlp_bias": false}
+JSON
+
+flash=no
+if python3 -c 'import flash_attn' 2>/dev/null; then flash=yes; fi
+
+for model in smollm2-135m llama-1b; do
+    echo "== $model"
+    "$bin" bench --device vulkan --config "$out/$model.json" \
+        --modes padded,varlen --peer-python python3 \
+        --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
+        --output-dir "$out/$model" 2>&1 | tee "$out/$model.log"
+    if [ "$flash" = yes ]; then
+        python3 bench/hf_peer/hf_peer.py --peer-dir "$out/$model/peer" --mode flattening \
+            --device cuda --attn flash_attention_2 --out "$out/$model/hf-flash.json" \
+            2>&1 | tail -3 || echo "flash-attention run failed"
+    fi
+done
+
+python3 - "$out" "$peak" "$flash" <<'PY'
+import json, os, sys
+out, peak, flash = sys.argv[1], float(sys.argv[2]) * 1e12, sys.argv[3]
+lines = [f"# padfree on a GPU ({open(os.path.join(out, 'gpu.txt')).read().strip() or 'GPU unknown'})", "",
+         f"MFU against {peak / 1e12:.0f} TFLOP/s (float32 peak). Flash-attention 2 installed: {flash}.", "",
+         "| model | mode | real tokens/s | padded tokens | peak memory | MFU | final loss |",
+         "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+for model in ["smollm2-135m", "llama-1b"]:
+    path = os.path.join(out, model, "bench.json")
+    if not os.path.exists(path):
+        lines.append(f"| {model} | (no result) | | | | | |")
+        continue
+    rows = json.load(open(path))["results"]
+    flash_path = os.path.join(out, model, "hf-flash.json")
+    if os.path.exists(flash_path):
+        rows.append(json.load(open(flash_path)))
+    flops = next((r["model_flops"] for r in rows if r.get("model_flops")), None)
+    for r in rows:
+        mfu = f"{100 * flops / r['train_runtime'] / peak:.1f}%" if flops else "-"
+        mem = r.get("peak_memory_bytes")
+        mem = f"{mem / 2**30:.2f} GiB" if mem else "-"
+        padded = r["fed_tokens"] - r["real_tokens"]
+        lines.append(f"| {model} | {r['mode']} | {r['real_tokens_per_second']:.0f} | {padded} | {mem} | {mfu} | {r['final_loss']:.4f} |")
+lines += ["", "padfree rows: peak memory is the host process's resident high-water mark, not device memory;",
+          "HF rows on CUDA: torch.cuda.max_memory_allocated."]
+text = "\n".join(lines) + "\n"
+open(os.path.join(out, "gpu-bench.md"), "w").write(text)
+print(text)
+PY
