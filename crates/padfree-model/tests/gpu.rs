@@ -37,6 +37,14 @@ fn gpu() -> Device {
     let choice: DeviceChoice = name.parse().expect("PADFREE_TEST_DEVICE names a device");
     let opened = open_device(choice).unwrap_or_else(|err| panic!("{err}"));
     eprintln!("GPU under test: {}", opened.description);
+    // CI's lavapipe is a Vulkan device; OpenGL is refused when it opens.
+    if name == "vulkan" {
+        assert!(
+            opened.description.contains("(Vulkan,"),
+            "not a Vulkan device: {}",
+            opened.description
+        );
+    }
     opened.device
 }
 
