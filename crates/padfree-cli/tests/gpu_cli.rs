@@ -1,7 +1,8 @@
 //! `padfree` on a GPU through the binary (feature `wgpu`; CI runs it on
 //! Mesa's lavapipe): 5 training steps on the device against the same steps
-//! on the CPU, a GPU checkpoint resumed on the CPU, `padfree check` on the
-//! device, and a device that does not exist refused before any work.
+//! on the CPU, a GPU checkpoint resumed on the CPU, LoRA steps against the
+//! CPU's, `padfree check` on the device, and a device that does not exist
+//! refused before any work.
 //!
 //! The device is `PADFREE_TEST_DEVICE` (default `vulkan`); never skipped.
 #![cfg(feature = "wgpu")]
@@ -110,6 +111,29 @@ fn five_steps_on_the_gpu_match_the_cpu_and_its_checkpoint_resumes_on_the_cpu() {
         .copied()
         .collect();
     assert_losses_close(&resumed_tail, &tail);
+}
+
+/// LoRA adapters (every linear layer, dropout on: its masks are drawn on
+/// the host, the same on both devices) train on the GPU as on the CPU.
+#[test]
+fn lora_steps_on_the_gpu_match_the_cpu() {
+    let dir = scratch("gpu-lora");
+    let (gpu_out, cpu_out) = (dir.path().join("gpu"), dir.path().join("cpu"));
+    let lora = [
+        "--use-peft",
+        "--lora-r",
+        "4",
+        "--lora-target-modules",
+        "all-linear",
+        "--lora-dropout",
+        "0.1",
+    ];
+    train(&gpu_out, &device(), "4", &lora);
+    train(&cpu_out, "cpu", "4", &lora);
+    assert!(gpu_out.join("adapter_model.safetensors").is_file());
+    let (gpu, cpu) = (losses(&gpu_out), losses(&cpu_out));
+    assert_eq!(gpu.len(), 4, "{gpu:?}");
+    assert_losses_close(&gpu, &cpu);
 }
 
 #[test]

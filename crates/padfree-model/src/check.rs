@@ -274,7 +274,11 @@ pub fn check_batch(
             not_run: None,
         }
     };
-    let names: Vec<String> = model.params().iter().map(|p| p.name().to_owned()).collect();
+    let names: Vec<String> = model
+        .trainable()
+        .iter()
+        .map(|p| p.name().to_owned())
+        .collect();
     let grad_rows = |quantity: &str, theirs: &[Vec<f32>]| {
         let mut worst = Worst::new(quantity);
         for ((name, ours), theirs) in names.iter().zip(&flat_grads).zip(theirs) {
@@ -435,8 +439,8 @@ fn layer_of(param: &str) -> String {
         )
 }
 
-/// The summed loss, its label count and every parameter's gradient, in the
-/// model's parameter order.
+/// The summed loss, its label count and the gradient of everything that
+/// trains (every parameter, or the LoRA adapters), in the model's order.
 fn loss_and_grads(
     model: &LlamaModel,
     input: &ModelInput<'_>,
@@ -445,7 +449,7 @@ fn loss_and_grads(
     let value = f64::from(loss.sum.clone().into_vec()[0]);
     let grads: Gradients = backward(&loss.sum);
     let per_param = model
-        .params()
+        .trainable()
         .into_iter()
         .map(|p| {
             grad(&p.value, &grads)

@@ -16,6 +16,9 @@
 //!   RoPE, MLP, RMSNorm; views that borrow the model's parameters.
 //! - [`kernels`]: the fused CPU kernels, each with its burn autodiff glue and
 //!   its composed oracle in one file; `host_op.rs` is the shared glue.
+//! - [`lora`]: LoRA adapters (PEFT's layout, initialisation and files),
+//!   their dropout and merging; the model freezes its weights when it
+//!   carries them and [`LlamaModel::trainable`] lists them instead.
 //! - [`weights`]: the parameter table (HF name, shape, GGUF name), safetensors
 //!   in and out, [`gguf`] in (with its tokenizer).
 //! - [`tensor`]: the thin wrapper over burn's tensor API.
@@ -39,6 +42,7 @@ pub mod flops;
 mod input;
 pub mod kernels;
 pub mod layers;
+pub mod lora;
 mod loss;
 mod model;
 pub mod tensor;
@@ -49,6 +53,8 @@ pub use error::ModelError;
 pub use input::ModelInput;
 pub use kernels::CausalMasks;
 pub use layers::{AttentionKernel, AttentionLayout, PaddedAttention};
+pub use lora::peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir};
+pub use lora::{LoraConfig, LoraTarget};
 pub use loss::{LabelRows, LossSum, causal_lm_loss};
 pub use model::LlamaModel;
 pub use weights::gguf;

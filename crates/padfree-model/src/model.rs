@@ -13,9 +13,11 @@ use crate::kernels::{AttentionRows, CausalMasks};
 use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
+use crate::lora::{Lora, LoraConfig, merged_weight, peft};
 use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum};
 use crate::tensor::{
-    Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, int_tensor, linear, trainable,
+    Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, frozen, int_tensor, linear,
+    trainable,
 };
 use crate::weights::gguf::GgufFile;
 use crate::weights::gguf::llama as gguf_llama;
@@ -35,6 +37,9 @@ pub struct LlamaModel {
     /// The tensors of each decoder layer's block of `params`, in order.
     layer_tensors: Vec<LayerTensor>,
     attention_kernel: AttentionKernel,
+    /// LoRA adapters: when present they are what trains, and `params` are
+    /// frozen (no gradients, no optimizer state).
+    lora: Option<Lora>,
 }
 
 impl LlamaModel {
@@ -120,6 +125,7 @@ impl LlamaModel {
             params,
             layer_tensors: layer_tensors(config),
             attention_kernel: AttentionKernel::default(),
+            lora: None,
         })
     }
 
@@ -147,7 +153,112 @@ impl LlamaModel {
                 .collect(),
             layer_tensors: self.layer_tensors.clone(),
             attention_kernel: self.attention_kernel,
+            lora: self.lora.as_ref().map(|lora| Lora {
+                config: lora.config.clone(),
+                params: lora
+                    .params
+                    .iter()
+                    .map(|p| {
+                        Param::new(
+                            p.name().to_owned(),
+                            p.hf_shape().to_vec(),
+                            p.value.clone().inner(),
+                        )
+                    })
+                    .collect(),
+                // No dropout where nothing trains.
+                dropout_seed: None,
+                base: lora.base.clone(),
+            }),
         }
+    }
+
+    /// The model with fresh LoRA adapters on `lora.targets` (PEFT's
+    /// initialisation, deterministic for `seed`); every base weight is
+    /// frozen from now on. `base` names the base model in the adapter files
+    /// (PEFT's `base_model_name_or_path`: a path or a hub name).
+    pub fn with_lora(
+        mut self,
+        lora: &LoraConfig,
+        seed: u64,
+        base: &str,
+    ) -> Result<Self, ModelError> {
+        let mut adapters = Lora::init(lora, &self.config, seed, &self.device)?;
+        adapters.base = base.to_owned();
+        self.attach(adapters);
+        Ok(self)
+    }
+
+    /// The model with the adapters saved in `dir` (PEFT's files, from
+    /// [`Self::save_adapter`] or PEFT's `save_pretrained`); the base weights
+    /// are frozen. Returns the base model the adapter config names.
+    pub fn load_adapter(&mut self, dir: &Path) -> Result<Option<String>, ModelError> {
+        let (adapters, base) = peft::read(dir, &self.config, &self.device)?;
+        self.attach(adapters);
+        Ok(base)
+    }
+
+    fn attach(&mut self, adapters: Lora) {
+        for param in &mut self.params {
+            param.value = frozen(param.value.clone());
+        }
+        self.lora = Some(adapters);
+    }
+
+    /// The adapters' settings, when the model has adapters.
+    pub fn lora_config(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref().map(|lora| &lora.config)
+    }
+
+    /// Seeds the dropout of the next forward passes' adapters (`None`: no
+    /// dropout). The trainer sets one per micro-batch, from the run's seed
+    /// and the micro-batch's place in the plan, so a resumed run draws the
+    /// same masks.
+    pub fn set_lora_dropout_seed(&mut self, seed: Option<u64>) {
+        if let Some(lora) = &mut self.lora {
+            lora.dropout_seed = seed;
+        }
+    }
+
+    /// Writes `adapter_model.safetensors` and `adapter_config.json` into
+    /// `dir`. Refused without adapters.
+    pub fn save_adapter(&self, dir: &Path) -> Result<(), ModelError> {
+        let lora = self.lora.as_ref().ok_or_else(|| ModelError::Config {
+            field: "lora",
+            message: "the model has no LoRA adapters to save".into(),
+            hint: "train with --use-peft, or save the full model",
+        })?;
+        peft::write(dir, lora)
+    }
+
+    /// The model with every adapter folded into its layer's weight
+    /// (`W + (alpha / r) B A`), no adapters left: what `--merge-adapter`
+    /// saves. The same model without adapters when it has none.
+    pub fn merged(&self) -> Self {
+        let mut merged = self.clone();
+        let Some(lora) = merged.lora.take() else {
+            return merged;
+        };
+        let per_layer = self.layer_tensors.len();
+        let (scale, r) = (lora.config.scale(), lora.config.r);
+        for layer in 0..self.config.num_hidden_layers {
+            for (slot, target) in lora.config.targets.iter().enumerate() {
+                let at = (layer * lora.config.targets.len() + slot) * 2;
+                let (a, b) = (&lora.params[at], &lora.params[at + 1]);
+                let index = index::layer_start(layer, per_layer) + target.layer_tensor() as usize;
+                let weight = &mut merged.params[index];
+                let dims = weight.value.dims();
+                let values = merged_weight(
+                    &weight.value.clone().into_vec(),
+                    &a.value.clone().into_vec(),
+                    &b.value.clone().into_vec(),
+                    r,
+                    scale,
+                );
+                weight.value = float_tensor(values, dims, &self.device);
+            }
+        }
+        merged
     }
 
     /// The same model computing attention with `kernel` (the fused one
@@ -182,9 +293,28 @@ impl LlamaModel {
         self.params.iter().collect()
     }
 
-    /// Every parameter, mutable, in HF order (for optimizers).
+    /// Every parameter, mutable, in HF order.
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
         self.params.iter_mut().collect()
+    }
+
+    /// What trains: the LoRA adapters (`A` then `B` of each targeted layer,
+    /// layer by layer) when the model has them, else every parameter in HF
+    /// order. Gradients, their exchange between ranks, the optimizer and
+    /// its checkpoints all go by this list.
+    pub fn trainable(&self) -> Vec<&Param> {
+        match &self.lora {
+            Some(lora) => lora.params.iter().collect(),
+            None => self.params(),
+        }
+    }
+
+    /// [`Self::trainable`], mutable (for optimizers).
+    pub fn trainable_mut(&mut self) -> Vec<&mut Param> {
+        match &mut self.lora {
+            Some(lora) => lora.params.iter_mut().collect(),
+            None => self.params.iter_mut().collect(),
+        }
     }
 
     /// Decoder layer `layer`, borrowing its block of parameters.
@@ -199,7 +329,13 @@ impl LlamaModel {
                     message: format!("layer {layer} has no full block of parameters"),
                     hint: "this is a bug in padfree; please report it",
                 })?;
-        Ok(DecoderLayer::new(block, &self.layer_tensors, &self.config))
+        let lora = self.lora.as_ref();
+        Ok(DecoderLayer::new(
+            block,
+            &self.layer_tensors,
+            &self.config,
+            |target| lora.and_then(|lora| lora.adapter(layer, target)),
+        ))
     }
 
     /// Logits of every row of the batch, `[N, V]` with `N = T` (flattened) or

@@ -116,6 +116,13 @@ pub fn trainable<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     x.require_grad()
 }
 
+/// The same values off the graph: no gradient is computed for it, nor for
+/// the matmul that would produce one (LoRA's frozen base).
+pub fn frozen<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    // burn's `detach` keeps a leaf's `require_grad`; it must go too.
+    x.detach().set_require_grad(false)
+}
+
 /// Gradients of everything reachable from a scalar.
 pub fn backward(loss: &Tensor<1>) -> Gradients {
     loss.backward()

@@ -1,5 +1,7 @@
 //! Checkpoints: `checkpoint-N/` holds `config.json` + `model.safetensors`
-//! (HF names, f32, loadable by transformers), the tokenizer files,
+//! (HF names, f32, loadable by transformers) or, training LoRA adapters,
+//! `adapter_config.json` + `adapter_model.safetensors` (loadable by PEFT
+//! onto the base), the tokenizer files,
 //! `optimizer.safetensors` (AdamW moments) and `trainer_state.json` (step,
 //! settings, data fingerprint, losses). The schedule is a function of the
 //! step and the data order a function of the seed, so nothing else is needed
@@ -132,7 +134,13 @@ pub fn write_model_files(
     artifacts: &[(String, Vec<u8>)],
     dir: &Path,
 ) -> Result<(), TrainError> {
-    model.save_hf_dir(dir)?;
+    if model.lora_config().is_some() {
+        // The base is frozen and stays where it was loaded from: only the
+        // adapters are the run's.
+        model.save_adapter(dir)?;
+    } else {
+        model.save_hf_dir(dir)?;
+    }
     for (name, bytes) in artifacts {
         write_atomically(&dir.join(name), bytes)?;
     }
@@ -567,10 +575,22 @@ pub fn verify(dir: &Path) -> Result<Verified, TrainError> {
             ));
         }
     }
-    for required in [STATE_FILE, OPTIMIZER_FILE, "model.safetensors"] {
+    for required in [STATE_FILE, OPTIMIZER_FILE] {
         if !record.files.contains_key(required) {
             return Err(damaged(record_path, format!("it does not list {required}")));
         }
+    }
+    // The model's weights, or (LoRA) its adapters.
+    if !record.files.contains_key("model.safetensors")
+        && !record.files.contains_key(padfree_model::ADAPTER_WEIGHTS)
+    {
+        return Err(damaged(
+            record_path,
+            format!(
+                "it lists neither model.safetensors nor {}",
+                padfree_model::ADAPTER_WEIGHTS
+            ),
+        ));
     }
     let state = read_state(dir)?;
     if state.global_step != record.step {

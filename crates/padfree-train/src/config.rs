@@ -208,6 +208,10 @@ pub struct TrainConfig {
     /// the oldest (HF `save_total_limit`); the best model's is kept besides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub save_total_limit: Option<usize>,
+    /// LoRA adapters (`--use-peft`): the base weights are frozen and only
+    /// the adapters train. Part of the settings a resume must repeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<padfree_model::LoraConfig>,
 }
 
 impl Default for TrainConfig {
@@ -232,6 +236,7 @@ impl Default for TrainConfig {
             logging_steps: 500,
             save_strategy: SaveStrategy::Steps(500),
             save_total_limit: None,
+            lora: None,
         }
     }
 }

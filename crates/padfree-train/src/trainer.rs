@@ -136,8 +136,23 @@ impl Trainer {
         // several ranks, fingerprint them (a rank that read another file,
         // flags or weights would train its share of the plan on something
         // else, silently).
+        if model.lora_config() != config.lora.as_ref() {
+            return Err(TrainError::Config {
+                flag: "use-peft",
+                message: format!(
+                    "the model's LoRA adapters ({:?}) are not the config's ({:?})",
+                    model.lora_config(),
+                    config.lora
+                ),
+                hint: "a LoRA run resumes with its own --use-peft and --lora-* flags, a full fine-tuning run without them",
+            });
+        }
+        let adapters = match model.lora_config() {
+            Some(_) => model.trainable(),
+            None => Vec::new(),
+        };
         let mut weights_hash = Fnv1a::new();
-        for param in model.params() {
+        for param in model.params().into_iter().chain(adapters) {
             let values = param.value.clone().into_vec();
             if comm.world_size() > 1 {
                 values
@@ -185,7 +200,7 @@ impl Trainer {
             total_steps,
         };
         let params = model
-            .params()
+            .trainable()
             .into_iter()
             .map(|p| (p.name().to_owned(), p.value.clone().into_vec()))
             .collect();
@@ -373,6 +388,12 @@ impl Trainer {
             return Ok(false);
         }
         let loaded = checkpoint::verify(&dir).and_then(|verified| {
+            if self.model.lora_config().is_some() {
+                // The base is frozen: only the adapters differ.
+                let mut model = self.model.clone();
+                model.load_adapter(verified.dir())?;
+                return Ok(model);
+            }
             Ok(LlamaModel::from_hf_dir(
                 verified.dir(),
                 self.model.device(),
@@ -693,7 +714,14 @@ impl Trainer {
     /// ahead (weights and AdamW's two moments, f32, plus the tokenizer
     /// files) and the final model.
     pub fn bytes_to_write(&self) -> u64 {
-        let params = self.model.config().num_parameters() as u64;
+        // What a checkpoint holds: the trained values (all weights, or the
+        // adapters) and their two moments.
+        let params: u64 = self
+            .model
+            .trainable()
+            .iter()
+            .map(|p| p.numel() as u64)
+            .sum();
         let artifacts: u64 = self.artifacts.iter().map(|(_, b)| b.len() as u64).sum();
         // Headers, configs, states: a megabyte is generous.
         let slack = 1 << 20;
@@ -845,16 +873,19 @@ impl Trainer {
             _ => None,
         };
         let on_device = !self.model.on_cpu();
-        let mut grads = GradSums::new(on_device, self.model.params().len());
+        let mut grads = GradSums::new(on_device, self.model.trainable().len());
         let (mut loss_sum, mut fed_tokens) = (0.0, 0);
-        for indices in planned.rank_batches(self.comm.rank()) {
+        for (micro_batch, indices) in planned.rank_batches(self.comm.rank()).iter().enumerate() {
             let batch: Vec<Example> = indices.iter().map(|&i| self.examples[i].clone()).collect();
+            self.model
+                .set_lora_dropout_seed(Some(self.dropout_seed(micro_batch)));
             let pass = self.forward_backward(&batch, label_tokens.max(1), &mut grads)?;
             loss_sum += pass.loss_sum;
             fed_tokens += pass.fed_tokens;
         }
+        self.model.set_lora_dropout_seed(None);
         let device = self.model.device().clone().inner();
-        grads.zero_where_missing(&self.model.params(), &device);
+        grads.zero_where_missing(&self.model.trainable(), &device);
         if self.comm.world_size() > 1 {
             grads.all_reduce(self.comm.as_ref(), &device)?;
             let mut scalars = [loss_sum, fed_tokens as f64];
@@ -890,15 +921,19 @@ impl Trainer {
             }
             GradSums::Device(grads) => {
                 let grads: Vec<_> = grads.into_iter().flatten().collect();
-                let shapes: Vec<[usize; 2]> =
-                    self.model.params().iter().map(|p| p.value.dims()).collect();
+                let shapes: Vec<[usize; 2]> = self
+                    .model
+                    .trainable()
+                    .iter()
+                    .map(|p| p.value.dims())
+                    .collect();
                 let state = self
                     .device_optimizer
                     .get_or_insert_with(|| self.optimizer.to_device(&shapes, &device));
                 self.optimizer
                     .step_on_device(state, &grads, clip as f32, learning_rate);
                 let strategy = self.model.device().gradient_checkpointing_strategy();
-                for (index, param) in self.model.params_mut().into_iter().enumerate() {
+                for (index, param) in self.model.trainable_mut().into_iter().enumerate() {
                     let mut value = Tensor::from_inner(state.values(index).clone());
                     if let Some(strategy) = strategy {
                         value = value.with_gradient_checkpointing_strategy(strategy);
@@ -949,7 +984,7 @@ impl Trainer {
             .unwrap_or(f32::NAN);
         let scaled = loss.sum.div_scalar(window_label_tokens as f64);
         let gradients = backward(&scaled);
-        for (index, param) in self.model.params().into_iter().enumerate() {
+        for (index, param) in self.model.trainable().into_iter().enumerate() {
             if let Some(g) = grad(&param.value, &gradients) {
                 grads.add(index, g);
             }
@@ -960,10 +995,26 @@ impl Trainer {
         })
     }
 
+    /// The seed of this step's micro-batch `micro_batch` on this rank's LoRA
+    /// dropout: a function of the run's seed and the batch's place in the
+    /// plan, so a resumed run draws the masks the uninterrupted one drew.
+    fn dropout_seed(&self, micro_batch: usize) -> u64 {
+        let mut hash = Fnv1a::new();
+        for part in [
+            self.config.seed,
+            self.global_step as u64,
+            self.comm.rank() as u64,
+            micro_batch as u64,
+        ] {
+            hash.eat(part);
+        }
+        hash.finish()
+    }
+
     /// Puts the optimizer's master values into the model as fresh leaves.
     fn load_optimizer_values(&mut self) {
         let device = self.model.device().clone();
-        for (index, param) in self.model.params_mut().into_iter().enumerate() {
+        for (index, param) in self.model.trainable_mut().into_iter().enumerate() {
             let dims = param.value.dims();
             let values = self.optimizer.values(index).to_vec();
             param.value = trainable(float_tensor(values, dims, &device));

@@ -349,6 +349,7 @@ impl BenchJob {
             max_seq_len: self.max_seq_len,
             overlong: Overlong::Truncate,
             gradient_checkpointing: false,
+            merge_adapter: false,
             device: self.device,
             multipack_examples_per_bin: mode.multipack.then_some(batch),
             verify_packing: None,

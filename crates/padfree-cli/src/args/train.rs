@@ -7,6 +7,7 @@ use anyhow::bail;
 use clap::ValueEnum;
 use padfree_data::{FieldNames, Overlong};
 use padfree_model::device::DeviceChoice;
+use padfree_model::{LoraConfig, LoraTarget};
 use padfree_train::{
     AttentionMode, BalanceBy, Batching, EvalSettings, EvalStrategy, Multipack, Packer,
     SaveStrategy, SchedulerKind, TrainConfig, Warmup,
@@ -146,6 +147,28 @@ pub struct TrainArgs {
     /// keeping them (burn's balanced gradient checkpointing).
     #[arg(long)]
     pub gradient_checkpointing: bool,
+    /// Train LoRA adapters (TRL's flag): the model's weights are frozen, and
+    /// checkpoints and the final output hold PEFT's adapter files.
+    #[arg(long)]
+    pub use_peft: bool,
+    /// LoRA rank.
+    #[arg(long, default_value_t = 16, requires = "use_peft")]
+    pub lora_r: usize,
+    /// LoRA alpha; the update is scaled by alpha / r.
+    #[arg(long, default_value_t = 32.0, requires = "use_peft")]
+    pub lora_alpha: f64,
+    /// Dropout on the adapters' inputs while training.
+    #[arg(long, default_value_t = 0.05, requires = "use_peft")]
+    pub lora_dropout: f64,
+    /// The layers that get adapters: module names separated by commas
+    /// (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or
+    /// all-linear [default: q_proj,v_proj, PEFT's for Llama].
+    #[arg(long, requires = "use_peft")]
+    pub lora_target_modules: Option<String>,
+    /// Also write the model with the adapters merged into its weights (HF
+    /// format) to OUTPUT_DIR/merged when training ends.
+    #[arg(long, requires = "use_peft")]
+    pub merge_adapter: bool,
     /// Where the model trains: cpu, or a GPU (vulkan, wgpu, metal, dx12;
     /// `vulkan:1` picks an adapter). Never replaced by another device.
     #[arg(long, default_value = "cpu", value_parser = device_choice())]
@@ -300,6 +323,8 @@ pub struct TrainJob {
     pub max_seq_len: usize,
     pub overlong: Overlong,
     pub gradient_checkpointing: bool,
+    /// `--merge-adapter`.
+    pub merge_adapter: bool,
     /// `--device`.
     pub device: DeviceChoice,
     /// Multipack without --max-tokens-per-batch: bins hold this many
@@ -421,6 +446,20 @@ impl TrainArgs {
             (Some(steps), None) => Warmup::Steps(steps),
             (None, None) => Warmup::Steps(demo_usize(10, 0)),
         };
+        if self.use_peft {
+            if self.lora_r == 0 {
+                bail!("--lora-r must be at least 1\nHINT: 8 to 64 is usual; 16 is TRL's default");
+            }
+            if !(0.0..1.0).contains(&self.lora_dropout) {
+                bail!(
+                    "--lora-dropout {} is not in [0, 1)\nHINT: 0.05 is TRL's default, 0 turns it off",
+                    self.lora_dropout
+                );
+            }
+            if !(self.lora_alpha.is_finite() && self.lora_alpha > 0.0) {
+                bail!("--lora-alpha must be positive\nHINT: twice --lora-r is usual (32 for r 16)");
+            }
+        }
         let train = TrainConfig {
             attention,
             batching,
@@ -453,6 +492,21 @@ impl TrainArgs {
                 SaveStrategyArg::Epoch => SaveStrategy::Epoch,
             },
             save_total_limit: self.save_total_limit,
+            lora: self
+                .use_peft
+                .then(|| -> anyhow::Result<LoraConfig> {
+                    Ok(LoraConfig {
+                        r: self.lora_r,
+                        alpha: self.lora_alpha,
+                        dropout: self.lora_dropout,
+                        targets: match &self.lora_target_modules {
+                            Some(text) => LoraConfig::parse_targets(text)
+                                .map_err(|err| anyhow::anyhow!("--lora-target-modules: {err}"))?,
+                            None => LoraTarget::DEFAULT.to_vec(),
+                        },
+                    })
+                })
+                .transpose()?,
         };
         train.validate()?;
         let eval_strategy = match (self.eval_strategy, &self.eval_data, embedded_default) {
@@ -526,6 +580,7 @@ impl TrainArgs {
                 OverlongArg::Drop => Overlong::Drop,
             },
             gradient_checkpointing: self.gradient_checkpointing,
+            merge_adapter: self.merge_adapter,
             device: self.device,
             multipack_examples_per_bin,
             verify_packing: self.verify_packing.then_some(self.verify_packing_batches),

@@ -14,8 +14,9 @@ use padfree_data::{
 use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::gguf::GgufFile;
 use padfree_model::kernels::kernel_bodies;
+use padfree_model::lora::peft::read_config as read_adapter_config;
 use padfree_model::tensor::{Device, cpu_device, cpu_device_with_checkpointing};
-use padfree_model::{LlamaConfig, LlamaModel, tokenizer_from_gguf};
+use padfree_model::{LlamaConfig, LlamaModel, LoraConfig, is_adapter_dir, tokenizer_from_gguf};
 use padfree_train::TrainError;
 
 use crate::args::{ModelSource, TrainJob, is_gguf};
@@ -293,6 +294,26 @@ fn load_model(
     preset_vocab: Option<usize>,
 ) -> anyhow::Result<LlamaModel> {
     let device = device.clone();
+    if let Some(dir) = &job.resume_from_checkpoint
+        && is_adapter_dir(dir)
+    {
+        // A LoRA checkpoint holds the adapters; the frozen base comes from
+        // --model, or from where the adapter config says it was.
+        let base = match (&job.model, job.model_given) {
+            (source, true) => source.clone(),
+            (source, false) => match read_adapter_config(dir)?.1 {
+                Some(path) if Path::new(&path).exists() => {
+                    ModelSource::from_model_path(Path::new(&path))
+                }
+                _ => source.clone(),
+            },
+        };
+        let mut model = load_base(job, &base, &device, preset_vocab)?;
+        model
+            .load_adapter(dir)
+            .with_context(|| format!("loading the adapters of the checkpoint {}", dir.display()))?;
+        return Ok(model);
+    }
     if let Some(dir) = &job.resume_from_checkpoint {
         let model = LlamaModel::from_hf_dir(dir, &device)
             .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
@@ -323,28 +344,74 @@ fn load_model(
         }
         return Ok(model);
     }
-    Ok(match &job.model {
-        ModelSource::HfDir(dir) => {
-            check_memory(&LlamaConfig::from_hf_file(&dir.join("config.json"))?)?;
-            LlamaModel::from_hf_dir(dir, &device)?
+    let model = load_base(job, &job.model, &device, preset_vocab)?;
+    // On resume the checkpoint's adapters are loaded instead (above).
+    match job.train.lora.as_ref() {
+        Some(lora) if job.resume_from_checkpoint.is_none() => {
+            let base = match &job.model {
+                ModelSource::HfDir(path) | ModelSource::Gguf(path) => std::path::absolute(path)
+                    .unwrap_or_else(|_| path.clone())
+                    .display()
+                    .to_string(),
+                ModelSource::Init(name) => name.clone(),
+            };
+            let model = model.with_lora(lora, job.train.seed, &base)?;
+            say!(
+                "lora: r {}, alpha {}, dropout {}, on {} ({:.2}M trainable parameters; the model's {:.1}M are frozen)",
+                lora.r,
+                lora.alpha,
+                lora.dropout,
+                lora.targets
+                    .iter()
+                    .map(|t| t.module())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                lora.num_parameters(model.config()) as f64 / 1e6,
+                model.config().num_parameters() as f64 / 1e6
+            );
+            Ok(model)
         }
-        ModelSource::Gguf(path) => LlamaModel::from_gguf(path, &device)?,
+        _ => Ok(model),
+    }
+}
+
+/// The model `source` names, its memory checked first (for LoRA training
+/// when the run has adapters).
+fn load_base(
+    job: &TrainJob,
+    source: &ModelSource,
+    device: &Device,
+    preset_vocab: Option<usize>,
+) -> anyhow::Result<LlamaModel> {
+    let lora = job.train.lora.as_ref();
+    Ok(match source {
+        ModelSource::HfDir(dir) => {
+            check_memory(&LlamaConfig::from_hf_file(&dir.join("config.json"))?, lora)?;
+            LlamaModel::from_hf_dir(dir, device)?
+        }
+        ModelSource::Gguf(path) => LlamaModel::from_gguf(path, device)?,
         ModelSource::Init(name) => {
             let mut config = init_config(name)?;
             if let Some(vocab) = preset_vocab {
                 config.vocab_size = vocab;
             }
-            check_memory(&config)?;
-            LlamaModel::init(&config, job.train.seed, &device)?
+            check_memory(&config, lora)?;
+            LlamaModel::init(&config, job.train.seed, device)?
         }
     })
 }
 
 /// Refuses, before allocating it, a model whose training state alone (f32
-/// weights, gradients and AdamW's two moments: 16 bytes a parameter) would
-/// not fit in this machine's memory, instead of an allocator abort later.
-fn check_memory(config: &LlamaConfig) -> anyhow::Result<()> {
-    let needed = 16.0 * config.num_parameters() as f64;
+/// weights, gradients and AdamW's two moments: 16 bytes a parameter; with
+/// LoRA, 4 bytes a frozen weight and 16 an adapter's) would not fit in this
+/// machine's memory, instead of an allocator abort later.
+fn check_memory(config: &LlamaConfig, lora: Option<&LoraConfig>) -> anyhow::Result<()> {
+    let needed = match lora {
+        Some(lora) => {
+            4.0 * config.num_parameters() as f64 + 16.0 * lora.num_parameters(config) as f64
+        }
+        None => 16.0 * config.num_parameters() as f64,
+    };
     let total = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|text| {

@@ -138,6 +138,8 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         }
     }
     let (source, locations) = (dataset.source, dataset.locations);
+    // The merged model (--merge-adapter) gets the tokenizer files too.
+    let merge_artifacts = job.merge_adapter.then(|| artifacts.clone());
     let mut trainer = match &verified {
         Some(dir) => Trainer::resume_on(
             comm,
@@ -231,15 +233,36 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         (Some(_), false) => " (the best: the last step's)".to_owned(),
         (None, _) => String::new(),
     };
+    let files = match trainer.model().lora_config() {
+        Some(_) => "adapter_model.safetensors",
+        None => "model.safetensors",
+    };
+    let config_file = match trainer.model().lora_config() {
+        Some(_) => "adapter_config.json",
+        None => "config.json",
+    };
     say!(
-        "\nwrote {} (model.safetensors{which}, config.json, tokenizer files), {}, {}, {}",
+        "\nwrote {} ({files}{which}, {config_file}, tokenizer files), {}, {}, {}",
         out.display(),
         out.join(METRICS_FILE).display(),
         out.join(RESULTS_FILE).display(),
         out.join(LOSS_PLOT_FILE).display()
     );
+    if let Some(artifacts) = merge_artifacts
+        && trainer.writes_outputs()
+    {
+        let dir = out.join(MERGED_DIR);
+        padfree_train::checkpoint::write_model_files(&trainer.model().merged(), &artifacts, &dir)?;
+        say!(
+            "wrote {} (the adapters merged into the model's weights: model.safetensors, config.json, tokenizer files)",
+            dir.display()
+        );
+    }
     Ok(false)
 }
+
+/// Where `--merge-adapter` writes the merged model, inside the output directory.
+pub const MERGED_DIR: &str = "merged";
 
 /// The progress bar, log lines and Ctrl-C.
 struct Progress {

@@ -1,5 +1,6 @@
 use padfree_pack::BatchMeta;
 
+use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use crate::error::ModelError;
@@ -7,7 +8,7 @@ use crate::kernels::{
     AttentionRows, CausalMasks, composed_padded_attention, composed_varlen_attention,
     varlen_attention,
 };
-use crate::tensor::{Bool, Tensor, linear};
+use crate::tensor::{Bool, Tensor};
 use crate::weights::table::Param;
 
 /// How attention is computed, for flattened and padded batches alike.
@@ -84,13 +85,13 @@ pub enum PaddedAttention<'a> {
 #[derive(Debug, Clone)]
 pub struct Attention<'a> {
     /// `[H * D, C]`.
-    pub(crate) q_proj: &'a Param,
+    pub(crate) q_proj: Linear<'a>,
     /// `[Hkv * D, C]`.
-    pub(crate) k_proj: &'a Param,
+    pub(crate) k_proj: Linear<'a>,
     /// `[Hkv * D, C]`.
-    pub(crate) v_proj: &'a Param,
+    pub(crate) v_proj: Linear<'a>,
     /// `[C, H * D]`.
-    pub(crate) o_proj: &'a Param,
+    pub(crate) o_proj: Linear<'a>,
     /// `[1, H * D]`, Qwen2's query bias.
     pub(crate) q_bias: Option<&'a Param>,
     /// `[1, Hkv * D]`, Qwen2's key bias.
@@ -116,9 +117,9 @@ impl Attention<'_> {
     ) -> Result<Tensor<2>, ModelError> {
         let n = x.dims()[0];
         let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = project(x.clone(), self.q_proj, self.q_bias);
-        let k = project(x.clone(), self.k_proj, self.k_bias);
-        let v = project(x, self.v_proj, self.v_bias).reshape([n, hkv, d]);
+        let q = project(x.clone(), &self.q_proj, self.q_bias);
+        let k = project(x.clone(), &self.k_proj, self.k_bias);
+        let v = project(x, &self.v_proj, self.v_bias).reshape([n, hkv, d]);
         let q = rope.apply(per_head_norm(q, h, d, self.q_norm.as_ref())?);
         let k = rope.apply(per_head_norm(k, hkv, d, self.k_norm.as_ref())?);
         let context = match layout {
@@ -172,7 +173,7 @@ impl Attention<'_> {
                 (**mask).clone(),
             )),
         };
-        Ok(linear(context, &self.o_proj.value))
+        Ok(self.o_proj.forward(context))
     }
 
     /// The fused kernel: every example of the batch in one call.
@@ -199,8 +200,8 @@ impl Attention<'_> {
 
 /// `x @ weight^T (+ bias)`: `[N, C] -> [N, O]`, the bias `[1, O]` broadcast
 /// over the rows.
-fn project(x: Tensor<2>, weight: &Param, bias: Option<&Param>) -> Tensor<2> {
-    let y = linear(x, &weight.value);
+fn project(x: Tensor<2>, weight: &Linear<'_>, bias: Option<&Param>) -> Tensor<2> {
+    let y = weight.forward(x);
     match bias {
         Some(bias) => y + bias.value.clone(),
         None => y,

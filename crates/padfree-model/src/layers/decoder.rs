@@ -1,9 +1,11 @@
 use super::attention::{Attention, AttentionLayout};
+use super::linear::Linear;
 use super::mlp::Mlp;
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
+use crate::lora::{Adapter, LoraTarget};
 use crate::tensor::Tensor;
 use crate::weights::table::{LayerTensor, Param};
 
@@ -18,8 +20,14 @@ pub struct DecoderLayer<'a> {
 
 impl<'a> DecoderLayer<'a> {
     /// The layer over its block of parameters, which holds `tensors` in
-    /// this order (`weights::table::layer_tensors` of `config`).
-    pub fn new(params: &'a [Param], tensors: &[LayerTensor], config: &LlamaConfig) -> Self {
+    /// this order (`weights::table::layer_tensors` of `config`), with the
+    /// LoRA adapter of each projection `adapter` gives.
+    pub fn new(
+        params: &'a [Param],
+        tensors: &[LayerTensor],
+        config: &LlamaConfig,
+        adapter: impl Fn(LoraTarget) -> Option<Adapter<'a>>,
+    ) -> Self {
         let find = |tensor: LayerTensor| {
             tensors
                 .iter()
@@ -30,14 +38,15 @@ impl<'a> DecoderLayer<'a> {
         // Tensors every model has come first in the table, so they sit at
         // their own index in every block.
         let p = |tensor: LayerTensor| &params[tensor as usize];
+        let linear = |target: LoraTarget| Linear::new(p(target.layer_tensor()), adapter(target));
         let eps = config.rms_norm_eps;
         Self {
             input_layernorm: RmsNorm::new(p(LayerTensor::InputNorm), config.rms_norm_eps),
             self_attn: Attention {
-                q_proj: p(LayerTensor::Q),
-                k_proj: p(LayerTensor::K),
-                v_proj: p(LayerTensor::V),
-                o_proj: p(LayerTensor::O),
+                q_proj: linear(LoraTarget::QProj),
+                k_proj: linear(LoraTarget::KProj),
+                v_proj: linear(LoraTarget::VProj),
+                o_proj: linear(LoraTarget::OProj),
                 q_bias: find(LayerTensor::QBias),
                 k_bias: find(LayerTensor::KBias),
                 v_bias: find(LayerTensor::VBias),
@@ -49,9 +58,9 @@ impl<'a> DecoderLayer<'a> {
             },
             post_attention_layernorm: RmsNorm::new(p(LayerTensor::PostNorm), config.rms_norm_eps),
             mlp: Mlp {
-                gate_proj: p(LayerTensor::Gate),
-                up_proj: p(LayerTensor::Up),
-                down_proj: p(LayerTensor::Down),
+                gate_proj: linear(LoraTarget::GateProj),
+                up_proj: linear(LoraTarget::UpProj),
+                down_proj: linear(LoraTarget::DownProj),
             },
         }
     }

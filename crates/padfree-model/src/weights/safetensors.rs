@@ -35,6 +35,14 @@ impl WeightFiles {
         Ok(Self { files })
     }
 
+    /// Reads the one safetensors file at `path`.
+    pub(crate) fn read_file(path: &Path) -> Result<Self, ModelError> {
+        let bytes = std::fs::read(path).map_err(|err| ModelError::io(path, err))?;
+        Ok(Self {
+            files: vec![(path.to_owned(), bytes)],
+        })
+    }
+
     /// Parses every file's header once.
     pub(crate) fn parse(&self) -> Result<Checkpoint<'_>, ModelError> {
         Checkpoint::parse(&self.files)
@@ -79,22 +87,32 @@ impl<'a> Checkpoint<'a> {
 
     /// The tensor of `spec` as f32, checked against its shape.
     pub(crate) fn read(&self, spec: &ParamSpec) -> Result<Vec<f32>, ModelError> {
-        let (name, shape) = (spec.hf_name.as_str(), spec.hf_shape.as_slice());
+        const WRONG_CONFIG: &str = "the checkpoint does not match config.json; use the config.json saved with these weights";
+        self.read_named(&spec.hf_name, &spec.hf_shape, WRONG_CONFIG)
+    }
+
+    /// The tensor `name` as f32, checked against `shape`; `wrong_config`
+    /// says what to do when it is missing or shaped otherwise.
+    pub(crate) fn read_named(
+        &self,
+        name: &str,
+        shape: &[usize],
+        wrong_config: &'static str,
+    ) -> Result<Vec<f32>, ModelError> {
         let mismatch = |path: &Path, message: String, hint: &'static str| ModelError::Weights {
             path: path.to_owned(),
             tensor: name.to_owned(),
             message,
             hint,
         };
-        const WRONG_CONFIG: &str = "the checkpoint does not match config.json; use the config.json saved with these weights";
         let first = self.files.first().map_or(Path::new(""), |(path, _)| path);
-        let missing = |path: &Path| mismatch(path, "is missing".to_owned(), WRONG_CONFIG);
+        let missing = |path: &Path| mismatch(path, "is missing".to_owned(), wrong_config);
         let file_index = *self.location.get(name).ok_or_else(|| missing(first))?;
         let (path, tensors) = &self.files[file_index];
         let view = tensors.tensor(name).map_err(|_| missing(path))?;
         if view.shape() != shape {
             let message = format!("has shape {:?}, the config needs {shape:?}", view.shape());
-            return Err(mismatch(path, message, WRONG_CONFIG));
+            return Err(mismatch(path, message, wrong_config));
         }
         to_f32(view.dtype(), view.data()).ok_or_else(|| {
             let message = format!("has dtype {:?}", view.dtype());
@@ -177,6 +195,16 @@ pub(crate) fn write_hf_dir<'a>(
     let config = serde_json::to_vec_pretty(config_json).unwrap_or_default();
     write_atomically(&dir.join("config.json"), &config)?;
 
+    let bytes = serialize_f32(&dir.join(SINGLE_FILE), tensors)?;
+    write_atomically(&dir.join(SINGLE_FILE), &bytes)
+}
+
+/// A safetensors file of f32 tensors (name, shape, values), the bytes of
+/// `path` (named in errors).
+pub(crate) fn serialize_f32<'a>(
+    path: &Path,
+    tensors: impl Iterator<Item = (&'a str, &'a [usize], Vec<f32>)>,
+) -> Result<Vec<u8>, ModelError> {
     let tensors: Vec<(&str, &[usize], Vec<u8>)> = tensors
         .map(|(name, shape, values)| {
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -188,7 +216,7 @@ pub(crate) fn write_hf_dir<'a>(
         .map(|(name, shape, bytes)| {
             let view = TensorView::new(Dtype::F32, shape.to_vec(), bytes).map_err(|err| {
                 ModelError::Format {
-                    path: dir.join(SINGLE_FILE),
+                    path: path.to_owned(),
                     message: format!("tensor `{name}`: {err}"),
                     hint: "this is a bug in padfree; please report it",
                 }
@@ -197,13 +225,11 @@ pub(crate) fn write_hf_dir<'a>(
         })
         .collect::<Result<_, ModelError>>()?;
     let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
-    let bytes =
-        safetensors::serialize(views, Some(metadata)).map_err(|err| ModelError::Format {
-            path: dir.join(SINGLE_FILE),
-            message: err.to_string(),
-            hint: "this is a bug in padfree; please report it",
-        })?;
-    write_atomically(&dir.join(SINGLE_FILE), &bytes)
+    safetensors::serialize(views, Some(metadata)).map_err(|err| ModelError::Format {
+        path: path.to_owned(),
+        message: err.to_string(),
+        hint: "this is a bug in padfree; please report it",
+    })
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory.

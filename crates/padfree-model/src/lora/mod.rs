@@ -1,0 +1,488 @@
+//! LoRA: low-rank adapters on the frozen linear layers of a decoder, in
+//! PEFT's layout and with its defaults, so the files load elsewhere.
+//!
+//! A targeted linear layer `y = x W^T` becomes
+//! `y = x W^T + (alpha / r) * (dropout(x) A^T) B^T`, with `W` `[O, C]`
+//! frozen, `A` `[r, C]` Kaiming-uniform (PEFT's `kaiming_uniform_(a =
+//! sqrt(5))`: uniform in `±1/sqrt(C)`) and `B` `[O, r]` zero, so a fresh
+//! adapter leaves the model's outputs exactly as they were.
+//!
+//! - this file: [`LoraConfig`], [`LoraTarget`], the adapters a model holds
+//!   (`Lora`, one `A`/`B` pair per layer and target, in layer order), the
+//!   view a layer borrows ([`Adapter`]), dropout masks, merging;
+//! - `peft.rs`: `adapter_model.safetensors` + `adapter_config.json` in and
+//!   out (PEFT's names: `base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight`).
+//!
+//! # Shapes
+//! `N` rows, `C` input width of the layer, `O` its output width, `r` the rank.
+
+pub mod peft;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use padfree_pack::SplitMix64;
+
+use crate::config::LlamaConfig;
+use crate::error::ModelError;
+use crate::tensor::{Device, Tensor, float_tensor, linear, trainable};
+use crate::weights::table::{LayerTensor, Param};
+
+/// A linear layer of a decoder layer that may carry an adapter, by PEFT's
+/// module name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraTarget {
+    /// `self_attn.q_proj`.
+    QProj,
+    /// `self_attn.k_proj`.
+    KProj,
+    /// `self_attn.v_proj`.
+    VProj,
+    /// `self_attn.o_proj`.
+    OProj,
+    /// `mlp.gate_proj`.
+    GateProj,
+    /// `mlp.up_proj`.
+    UpProj,
+    /// `mlp.down_proj`.
+    DownProj,
+}
+
+impl LoraTarget {
+    /// Every linear layer of a decoder layer, in the parameter table's order:
+    /// PEFT's `all-linear` (which leaves out the LM head).
+    pub const ALL: [LoraTarget; 7] = [
+        LoraTarget::QProj,
+        LoraTarget::KProj,
+        LoraTarget::VProj,
+        LoraTarget::OProj,
+        LoraTarget::GateProj,
+        LoraTarget::UpProj,
+        LoraTarget::DownProj,
+    ];
+
+    /// PEFT's default for Llama, Mistral and Qwen2 models when no target is
+    /// named (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`).
+    pub const DEFAULT: [LoraTarget; 2] = [LoraTarget::QProj, LoraTarget::VProj];
+
+    /// The module name, as `--lora-target-modules` and PEFT write it.
+    pub fn module(self) -> &'static str {
+        match self {
+            Self::QProj => "q_proj",
+            Self::KProj => "k_proj",
+            Self::VProj => "v_proj",
+            Self::OProj => "o_proj",
+            Self::GateProj => "gate_proj",
+            Self::UpProj => "up_proj",
+            Self::DownProj => "down_proj",
+        }
+    }
+
+    /// The module's path inside a decoder layer.
+    pub fn hf_path(self) -> &'static str {
+        match self {
+            Self::QProj => "self_attn.q_proj",
+            Self::KProj => "self_attn.k_proj",
+            Self::VProj => "self_attn.v_proj",
+            Self::OProj => "self_attn.o_proj",
+            Self::GateProj => "mlp.gate_proj",
+            Self::UpProj => "mlp.up_proj",
+            Self::DownProj => "mlp.down_proj",
+        }
+    }
+
+    /// The frozen weight the adapter sits beside.
+    pub fn layer_tensor(self) -> LayerTensor {
+        match self {
+            Self::QProj => LayerTensor::Q,
+            Self::KProj => LayerTensor::K,
+            Self::VProj => LayerTensor::V,
+            Self::OProj => LayerTensor::O,
+            Self::GateProj => LayerTensor::Gate,
+            Self::UpProj => LayerTensor::Up,
+            Self::DownProj => LayerTensor::Down,
+        }
+    }
+
+    /// `(C, O)`: the layer's input and output widths.
+    pub fn dims(self, config: &LlamaConfig) -> (usize, usize) {
+        let c = config.hidden_size;
+        let q = config.num_attention_heads * config.head_dim;
+        let kv = config.num_key_value_heads * config.head_dim;
+        let i = config.intermediate_size;
+        match self {
+            Self::QProj => (c, q),
+            Self::KProj | Self::VProj => (c, kv),
+            Self::OProj => (q, c),
+            Self::GateProj | Self::UpProj => (c, i),
+            Self::DownProj => (i, c),
+        }
+    }
+
+    /// The target of module name `name`.
+    pub fn from_module(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.module() == name)
+    }
+}
+
+/// The adapters' settings (TRL's `ModelConfig` flags, PEFT's `LoraConfig`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoraConfig {
+    /// The rank `r` (`--lora-r`).
+    pub r: usize,
+    /// `alpha` (`--lora-alpha`); the update is scaled by `alpha / r`.
+    pub alpha: f64,
+    /// Dropout on the adapter's input during training (`--lora-dropout`).
+    pub dropout: f64,
+    /// The layers that carry an adapter, in the table's order.
+    pub targets: Vec<LoraTarget>,
+}
+
+impl LoraConfig {
+    /// TRL's defaults: `r = 16`, `alpha = 32`, dropout 0.05, PEFT's default
+    /// targets for Llama (`q_proj`, `v_proj`).
+    pub fn trl_defaults() -> Self {
+        Self {
+            r: 16,
+            alpha: 32.0,
+            dropout: 0.05,
+            targets: LoraTarget::DEFAULT.to_vec(),
+        }
+    }
+
+    /// Values of every adapter of a model of `config`.
+    pub fn num_parameters(&self, config: &LlamaConfig) -> usize {
+        let per_layer: usize = self
+            .targets
+            .iter()
+            .map(|t| {
+                let (c, o) = t.dims(config);
+                self.r * (c + o)
+            })
+            .sum();
+        per_layer * config.num_hidden_layers
+    }
+
+    /// `alpha / r`.
+    pub fn scale(&self) -> f32 {
+        (self.alpha / self.r as f64) as f32
+    }
+
+    /// Targets from `--lora-target-modules`: `all-linear`, or module names
+    /// separated by commas (`q_proj,v_proj`); returned in the table's order,
+    /// each once. The error names the unknown module.
+    pub fn parse_targets(text: &str) -> Result<Vec<LoraTarget>, String> {
+        if text.trim() == "all-linear" {
+            return Ok(LoraTarget::ALL.to_vec());
+        }
+        let mut targets = Vec::new();
+        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let target = LoraTarget::from_module(name).ok_or_else(|| {
+                format!(
+                    "`{name}` is not a linear layer of a decoder layer; the names are {}, or all-linear",
+                    LoraTarget::ALL.map(LoraTarget::module).join(", ")
+                )
+            })?;
+            targets.push(target);
+        }
+        if targets.is_empty() {
+            return Err("no module named".into());
+        }
+        targets.sort();
+        targets.dedup();
+        Ok(targets)
+    }
+
+    /// Refuses settings no adapter can have.
+    pub fn validate(&self, config: &LlamaConfig) -> Result<(), ModelError> {
+        let refuse = |field: &'static str, message: String, hint: &'static str| {
+            Err(ModelError::Config {
+                field,
+                message,
+                hint,
+            })
+        };
+        let smallest = self
+            .targets
+            .iter()
+            .map(|t| {
+                let (c, o) = t.dims(config);
+                c.min(o)
+            })
+            .min()
+            .unwrap_or(0);
+        if self.r == 0 || self.r > smallest {
+            return refuse(
+                "lora_r",
+                format!("rank {} for layers as narrow as {smallest}", self.r),
+                "give --lora-r between 1 and the narrowest targeted layer's width (8 to 64 is usual)",
+            );
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return refuse(
+                "lora_alpha",
+                format!("{}", self.alpha),
+                "give a positive --lora-alpha (PEFT's habit: twice --lora-r)",
+            );
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return refuse(
+                "lora_dropout",
+                format!("{}", self.dropout),
+                "give --lora-dropout in [0, 1)",
+            );
+        }
+        if self.targets.is_empty() {
+            return refuse(
+                "lora_target_modules",
+                "no layer targeted".into(),
+                "name modules with --lora-target-modules (q_proj,v_proj or all-linear)",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The adapters of a model: for every decoder layer and every target (in
+/// `config.targets` order), `A` then `B`.
+#[derive(Debug, Clone)]
+pub(crate) struct Lora {
+    pub(crate) config: LoraConfig,
+    pub(crate) params: Vec<Param>,
+    /// Seeds this forward pass's dropout masks; `None` runs without dropout
+    /// (evaluation, checks, and every pass with `dropout = 0`).
+    pub(crate) dropout_seed: Option<u64>,
+    /// The base model, as PEFT's `base_model_name_or_path` names it.
+    pub(crate) base: String,
+}
+
+/// PEFT's tensor name of `A` (`lora_A`) or `B` (`lora_B`).
+pub(crate) fn peft_name(layer: usize, target: LoraTarget, b: bool) -> String {
+    format!(
+        "base_model.model.model.layers.{layer}.{}.lora_{}.weight",
+        target.hf_path(),
+        if b { "B" } else { "A" }
+    )
+}
+
+/// `[r, C]` and `[O, r]`.
+pub(crate) fn shapes(target: LoraTarget, r: usize, config: &LlamaConfig) -> [[usize; 2]; 2] {
+    let (c, o) = target.dims(config);
+    [[r, c], [o, r]]
+}
+
+impl Lora {
+    /// Fresh adapters as PEFT makes them: `A` uniform in `±1/sqrt(C)`, `B`
+    /// zero. Deterministic for a seed.
+    pub(crate) fn init(
+        lora: &LoraConfig,
+        model: &LlamaConfig,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        lora.validate(model)?;
+        // Its own stream: the base model's initialisation and the data order
+        // draw from theirs.
+        let mut rng = SplitMix64::new(seed ^ 0x4c6f_5241_6164_6170);
+        Self::build(lora, model, device, |_, _, b, shape| {
+            let numel = shape[0] * shape[1];
+            Ok(if b {
+                vec![0.0; numel]
+            } else {
+                let bound = 1.0 / (shape[1] as f64).sqrt();
+                (0..numel)
+                    .map(|_| {
+                        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                        ((2.0 * u - 1.0) * bound) as f32
+                    })
+                    .collect()
+            })
+        })
+    }
+
+    /// Adapters whose values come from `source(layer, target, is_b, shape)`.
+    pub(crate) fn build(
+        lora: &LoraConfig,
+        model: &LlamaConfig,
+        device: &Device,
+        mut source: impl FnMut(usize, LoraTarget, bool, [usize; 2]) -> Result<Vec<f32>, ModelError>,
+    ) -> Result<Self, ModelError> {
+        lora.validate(model)?;
+        let mut params = Vec::with_capacity(model.num_hidden_layers * lora.targets.len() * 2);
+        for layer in 0..model.num_hidden_layers {
+            for &target in &lora.targets {
+                for (b, shape) in [false, true].into_iter().zip(shapes(target, lora.r, model)) {
+                    let mut value = float_tensor(source(layer, target, b, shape)?, shape, device);
+                    if device.is_autodiff() {
+                        value = trainable(value);
+                    }
+                    params.push(Param::new(
+                        peft_name(layer, target, b),
+                        shape.to_vec(),
+                        value,
+                    ));
+                }
+            }
+        }
+        Ok(Self {
+            config: lora.clone(),
+            params,
+            dropout_seed: None,
+            base: String::new(),
+        })
+    }
+
+    /// The adapter of `target` in decoder layer `layer`, if it has one.
+    pub(crate) fn adapter(&self, layer: usize, target: LoraTarget) -> Option<Adapter<'_>> {
+        let slot = self.config.targets.iter().position(|&t| t == target)?;
+        let at = (layer * self.config.targets.len() + slot) * 2;
+        let dropout = match self.dropout_seed {
+            Some(seed) if self.config.dropout > 0.0 => Some(Dropout {
+                p: self.config.dropout as f32,
+                seed: mix(
+                    seed,
+                    (layer * LoraTarget::ALL.len() + target as usize) as u64,
+                ),
+            }),
+            _ => None,
+        };
+        Some(Adapter {
+            a: self.params.get(at)?,
+            b: self.params.get(at + 1)?,
+            scale: self.config.scale(),
+            dropout,
+        })
+    }
+}
+
+/// The adapter of one linear layer, borrowed for a forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Adapter<'a> {
+    /// `[r, C]`.
+    pub(crate) a: &'a Param,
+    /// `[O, r]`.
+    pub(crate) b: &'a Param,
+    /// `alpha / r`.
+    pub(crate) scale: f32,
+    pub(crate) dropout: Option<Dropout>,
+}
+
+/// Inverted dropout on the adapter's input: kept values scaled by `1/(1-p)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dropout {
+    p: f32,
+    seed: u64,
+}
+
+impl Adapter<'_> {
+    /// `scale * (dropout(x) A^T) B^T`: `[N, C] -> [N, O]`.
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let x = match self.dropout {
+            Some(dropout) => {
+                let dims = x.dims();
+                let mask = float_tensor(dropout.mask(dims[0] * dims[1]), dims, &x.device());
+                x * mask
+            }
+            None => x,
+        };
+        linear(linear(x, &self.a.value), &self.b.value).mul_scalar(self.scale)
+    }
+}
+
+impl Dropout {
+    /// `len` multipliers, `0` with probability `p`, else `1/(1-p)`: each a
+    /// hash of the seed and its index, so the mask is the same however many
+    /// threads draw it (and a resumed run draws the same ones).
+    fn mask(&self, len: usize) -> Vec<f32> {
+        let keep = 1.0 / (1.0 - self.p);
+        let threshold = (f64::from(self.p) * (1u64 << 24) as f64) as u32;
+        let mut mask = vec![0.0f32; len];
+        mask.par_chunks_mut(1 << 14)
+            .enumerate()
+            .for_each(|(chunk, values)| {
+                let start = (chunk << 14) as u64;
+                for (i, v) in values.iter_mut().enumerate() {
+                    let draw = (mix(self.seed, start + i as u64) >> 40) as u32;
+                    *v = if draw < threshold { 0.0 } else { keep };
+                }
+            });
+        mask
+    }
+}
+
+/// SplitMix64's finaliser of `seed + index`: a counter-based stream.
+pub(crate) fn mix(seed: u64, index: u64) -> u64 {
+    let mut z = seed.wrapping_add(index.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `W + scale * B A` on the host: `[O, C]`, for merging an adapter into
+/// its layer. `w` `[O, C]`, `a` `[r, C]`, `b` `[O, r]`, row-major.
+pub(crate) fn merged_weight(w: &[f32], a: &[f32], b: &[f32], r: usize, scale: f32) -> Vec<f32> {
+    let c = a.len() / r.max(1);
+    let mut out = w.to_vec();
+    out.par_chunks_mut(c.max(1))
+        .enumerate()
+        .for_each(|(row, values)| {
+            let b_row = &b[row * r..(row + 1) * r];
+            for (k, &bk) in b_row.iter().enumerate() {
+                let a_row = &a[k * c..(k + 1) * c];
+                let f = scale * bk;
+                for (v, &ak) in values.iter_mut().zip(a_row) {
+                    *v += f * ak;
+                }
+            }
+        });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_in_table_order_and_refuse_unknown_names() {
+        assert_eq!(
+            LoraConfig::parse_targets("v_proj, q_proj,q_proj"),
+            Ok(vec![LoraTarget::QProj, LoraTarget::VProj])
+        );
+        assert_eq!(
+            LoraConfig::parse_targets("all-linear").map(|t| t.len()),
+            Ok(7)
+        );
+        let err = LoraConfig::parse_targets("q_proj,lm_head").unwrap_err();
+        assert!(err.contains("`lm_head`"), "{err}");
+    }
+
+    #[test]
+    fn dropout_drops_about_p_and_keeps_the_expectation() {
+        let mask = Dropout { p: 0.25, seed: 7 }.mask(200_000);
+        let dropped = mask.iter().filter(|&&v| v == 0.0).count() as f64 / mask.len() as f64;
+        assert!((dropped - 0.25).abs() < 0.01, "dropped {dropped}");
+        let mean = mask.iter().map(|&v| f64::from(v)).sum::<f64>() / mask.len() as f64;
+        assert!((mean - 1.0).abs() < 0.01, "mean {mean}");
+        // Another seed, another mask; the same seed, the same one.
+        assert_ne!(mask, Dropout { p: 0.25, seed: 8 }.mask(200_000));
+        assert_eq!(mask, Dropout { p: 0.25, seed: 7 }.mask(200_000));
+    }
+
+    #[test]
+    fn merged_weight_is_w_plus_scaled_b_times_a() {
+        // O = 2, C = 3, r = 2, against the sums written out.
+        let w = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let a = [1.0, 0.0, 2.0, 0.0, 1.0, 1.0];
+        let b = [1.0, 2.0, 3.0, -1.0];
+        let merged = merged_weight(&w, &a, &b, 2, 0.5);
+        let expect: Vec<f32> = (0..2)
+            .flat_map(|o| {
+                (0..3).map(move |c| {
+                    w[o * 3 + c] + 0.5 * (0..2).map(|k| b[o * 2 + k] * a[k * 3 + c]).sum::<f32>()
+                })
+            })
+            .collect();
+        assert_eq!(merged, expect);
+    }
+}

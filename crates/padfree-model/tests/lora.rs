@@ -1,0 +1,343 @@
+//! LoRA adapters: a fresh adapter changes nothing, only adapters get
+//! gradients, padded == flattened == one at a time for the adapters'
+//! gradients, merging gives the adapted model, and the adapter files round
+//! trip bit-exactly.
+//!
+//! Tolerances as `equivalence.rs` (the same sums in f32 over different
+//! shapes): 1e-5 absolute for O(1) logits, 1e-4 of each tensor's largest
+//! gradient plus 1e-7 absolute. Merging adds `scale * B A` to `W` once in
+//! f32 instead of computing `x A^T B^T` separately: the logits differ by
+//! rounding of O(1e-7) per product, 1e-5 absolute.
+
+mod common;
+
+use common::{assert_close, examples, host};
+use padfree_model::tensor::{IntoHostVec, backward, cpu_device, float_tensor, grad, trainable};
+use padfree_model::{
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS, LlamaConfig, LlamaModel, LoraConfig, LoraTarget, ModelInput,
+    causal_lm_loss,
+};
+use padfree_pack::{Example, SplitMix64, flatten, pad};
+
+fn lora(targets: &[LoraTarget]) -> LoraConfig {
+    LoraConfig {
+        r: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: targets.to_vec(),
+    }
+}
+
+/// The tiny model on the autodiff CPU device with adapters on `targets`,
+/// every `B` filled with N(0, 0.05) so the adapters change the outputs (a
+/// fresh `B` is zero, and with it `A`'s gradient).
+fn adapted(targets: &[LoraTarget], seed: u64) -> LlamaModel {
+    let device = cpu_device(true);
+    let base = LlamaModel::init(&LlamaConfig::tiny(), 7, &device).expect("valid config");
+    let mut model = base
+        .with_lora(&lora(targets), seed, "tiny")
+        .expect("valid lora");
+    let mut rng = SplitMix64::new(seed);
+    for param in model.trainable_mut() {
+        if param.name().contains("lora_B") {
+            let dims = param.value.dims();
+            let values = (0..dims[0] * dims[1])
+                .map(|_| 0.05 * rng.standard_normal() as f32)
+                .collect();
+            param.value = trainable(float_tensor(values, dims, &device));
+        }
+    }
+    model
+}
+
+fn adapter_grads(model: &LlamaModel, input: &ModelInput<'_>) -> Vec<(String, Vec<f32>)> {
+    let logits = model.forward(input).expect("forward");
+    let loss = causal_lm_loss(logits, &input.targets()).expect("loss");
+    let grads = backward(&loss.sum);
+    for param in model.params() {
+        assert!(
+            grad(&param.value, &grads).is_none(),
+            "{}: a frozen weight got a gradient",
+            param.name()
+        );
+    }
+    model
+        .trainable()
+        .into_iter()
+        .map(|p| {
+            let g = grad(&p.value, &grads)
+                .map(IntoHostVec::into_vec)
+                .unwrap_or_else(|| panic!("{}: an adapter got no gradient", p.name()));
+            (p.name().to_owned(), g)
+        })
+        .collect()
+}
+
+#[test]
+fn a_fresh_adapter_leaves_the_logits_bit_identical() {
+    let device = cpu_device(false);
+    let base = LlamaModel::init(&LlamaConfig::tiny(), 7, &device).expect("valid config");
+    let adapted = base
+        .clone()
+        .with_lora(&lora(&LoraTarget::ALL), 3, "tiny")
+        .expect("valid lora");
+    let batch = flatten(&examples(&[9, 4, 13], 128, 5)).expect("flattens");
+    let input = ModelInput::Varlen(&batch);
+    assert_eq!(
+        host(base.forward(&input).expect("forward")),
+        host(adapted.forward(&input).expect("forward"))
+    );
+    // PEFT's initialisation: A in ±1/sqrt(C), not all zero; B zero.
+    let c = LlamaConfig::tiny().hidden_size as f32;
+    for param in adapted.trainable() {
+        let values = param.value.clone().into_vec();
+        if param.name().contains("lora_B") {
+            assert!(values.iter().all(|&v| v == 0.0), "{}", param.name());
+        } else if param.name().contains("q_proj") {
+            let bound = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert!(bound <= 1.0 / c.sqrt() && bound > 0.5 / c.sqrt(), "{bound}");
+        }
+    }
+}
+
+#[test]
+fn the_adapters_list_peft_names_and_shapes() {
+    let model = adapted(&[LoraTarget::QProj, LoraTarget::DownProj], 1);
+    let listed: Vec<(String, Vec<usize>)> = model
+        .trainable()
+        .iter()
+        .map(|p| (p.name().to_owned(), p.hf_shape().to_vec()))
+        .collect();
+    let config = LlamaConfig::tiny();
+    let (c, q, i) = (
+        config.hidden_size,
+        config.num_attention_heads * config.head_dim,
+        config.intermediate_size,
+    );
+    let prefix = "base_model.model.model.layers";
+    assert_eq!(listed.len(), 4 * config.num_hidden_layers);
+    assert_eq!(
+        listed[..4],
+        [
+            (
+                format!("{prefix}.0.self_attn.q_proj.lora_A.weight"),
+                vec![4, c]
+            ),
+            (
+                format!("{prefix}.0.self_attn.q_proj.lora_B.weight"),
+                vec![q, 4]
+            ),
+            (
+                format!("{prefix}.0.mlp.down_proj.lora_A.weight"),
+                vec![4, i]
+            ),
+            (
+                format!("{prefix}.0.mlp.down_proj.lora_B.weight"),
+                vec![c, 4]
+            ),
+        ]
+    );
+    let lora = lora(&[LoraTarget::QProj, LoraTarget::DownProj]);
+    let counted: usize = model.trainable().iter().map(|p| p.numel()).sum();
+    assert_eq!(lora.num_parameters(&config), counted);
+}
+
+#[test]
+fn padded_flattened_and_one_at_a_time_agree_on_adapter_gradients() {
+    let model = adapted(&LoraTarget::ALL, 2);
+    let examples: Vec<Example> = examples(&[7, 1, 12, 2, 5], 128, 9);
+    let packed = flatten(&examples).expect("flattens");
+    let padded = pad(&examples, 0, None).expect("pads");
+    let flat = adapter_grads(&model, &ModelInput::Varlen(&packed));
+    let padded = adapter_grads(&model, &ModelInput::Padded(&padded));
+    let mut alone: Vec<Vec<f32>> = flat.iter().map(|(_, g)| vec![0.0; g.len()]).collect();
+    for example in &examples {
+        let one = flatten(std::slice::from_ref(example)).expect("flattens");
+        for (sum, (_, g)) in alone
+            .iter_mut()
+            .zip(adapter_grads(&model, &ModelInput::Varlen(&one)))
+        {
+            sum.iter_mut().zip(g).for_each(|(s, v)| *s += v);
+        }
+    }
+    for (((name, flat), (_, padded)), alone) in flat.iter().zip(&padded).zip(&alone) {
+        let scale = flat.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.0, "{name}: zero gradient");
+        assert_close(&format!("{name}: padded vs flat"), padded, flat, 1e-7, 1e-4);
+        assert_close(&format!("{name}: alone vs flat"), alone, flat, 1e-7, 1e-4);
+    }
+}
+
+#[test]
+fn the_merged_model_gives_the_adapted_logits() {
+    let model = adapted(&LoraTarget::ALL, 4).without_autodiff();
+    let merged = model.merged();
+    assert!(merged.lora_config().is_none());
+    let batch = flatten(&examples(&[9, 4, 13], 128, 5)).expect("flattens");
+    let input = ModelInput::Varlen(&batch);
+    let ours = host(model.forward(&input).expect("forward"));
+    let base = host(
+        LlamaModel::init(&LlamaConfig::tiny(), 7, &cpu_device(false))
+            .expect("valid config")
+            .forward(&input)
+            .expect("forward"),
+    );
+    let theirs = host(merged.forward(&input).expect("forward"));
+    assert_close("merged vs adapted logits", &theirs, &ours, 1e-5, 0.0);
+    // The adapters do change the model, so the comparison means something.
+    let (moved, _) = common::max_diff(&ours, &base);
+    assert!(
+        moved > 1e-3,
+        "the adapters moved the logits by only {moved}"
+    );
+}
+
+#[test]
+fn adapter_files_round_trip_bit_exactly() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = adapted(
+        &[LoraTarget::QProj, LoraTarget::VProj, LoraTarget::UpProj],
+        5,
+    );
+    model.save_adapter(dir.path()).expect("saves");
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join(ADAPTER_CONFIG)).expect("written"),
+    )
+    .expect("json");
+    assert_eq!(config["peft_type"], "LORA");
+    assert_eq!(config["r"], 4);
+    assert_eq!(config["lora_alpha"], 8.0);
+    assert_eq!(
+        config["target_modules"],
+        serde_json::json!(["q_proj", "v_proj", "up_proj"])
+    );
+    assert_eq!(config["base_model_name_or_path"], "tiny");
+    assert!(dir.path().join(ADAPTER_WEIGHTS).is_file());
+
+    let mut loaded = LlamaModel::init(&LlamaConfig::tiny(), 7, &cpu_device(true)).expect("valid");
+    let base = loaded.load_adapter(dir.path()).expect("loads");
+    assert_eq!(base.as_deref(), Some("tiny"));
+    assert_eq!(loaded.lora_config(), model.lora_config());
+    for (a, b) in loaded.trainable().iter().zip(model.trainable()) {
+        assert_eq!(a.name(), b.name());
+        assert_eq!(a.value.clone().into_vec(), b.value.clone().into_vec());
+    }
+    // Adapters of another shape are refused by tensor name.
+    let mut wider = LlamaConfig::tiny();
+    wider.intermediate_size *= 2;
+    let mut other = LlamaModel::init(&wider, 7, &cpu_device(true)).expect("valid");
+    let err = other.load_adapter(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("up_proj.lora_B.weight"), "{err}");
+}
+
+/// PEFT's own adapter (`scripts/make_peft_reference.py`: every linear layer
+/// of the tiny Llama fixture, `B` random), loaded by padfree: the logits,
+/// loss and every adapter gradient PEFT computed on the same flattened
+/// batch. Logits within 1e-4 of their scale (the issue's bound; seen:
+/// about 1e-6), loss 1e-5 relative, gradients as the HF fixtures (1e-4 of
+/// each tensor's largest plus 1e-7). Written back, the adapter file holds
+/// PEFT's tensors bit for bit.
+#[test]
+fn peft_adapters_load_and_match_peft() {
+    use safetensors::SafeTensors;
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/peft/llama-tiny-lora");
+    let bytes = std::fs::read(fixture.join("expected.safetensors")).expect("fixture present");
+    let expected = SafeTensors::deserialize(&bytes).expect("valid fixture");
+    let labels = common::ints(&expected, "labels");
+    let examples = common::fixture_examples(&expected, &labels);
+    let batch = flatten(&examples).expect("flattens");
+
+    let mut model = LlamaModel::from_hf_dir(&common::fixture_dir("llama-tiny"), &cpu_device(true))
+        .expect("loads the base");
+    let base = model.load_adapter(&fixture).expect("loads PEFT's adapter");
+    assert_eq!(base.as_deref(), Some("fixtures/hf/llama-tiny"));
+    assert_eq!(
+        model.lora_config().map(|c| (c.r, c.alpha, c.targets.len())),
+        Some((4, 8.0, 7))
+    );
+    let input = ModelInput::Varlen(&batch);
+    let logits = model.forward(&input).expect("forward");
+    let theirs = common::floats(&expected, "logits");
+    let scale = theirs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert_close(
+        "logits vs PEFT",
+        &host(logits.clone()),
+        &theirs,
+        1e-4 * scale,
+        0.0,
+    );
+    let loss = causal_lm_loss(logits, &input.targets()).expect("loss");
+    let mean = loss.mean();
+    assert_close(
+        "mean loss vs PEFT",
+        &host(mean.clone()),
+        &common::floats(&expected, "loss"),
+        0.0,
+        1e-5,
+    );
+    let grads = backward(&mean);
+    for param in model.trainable() {
+        let ours = grad(&param.value, &grads)
+            .expect("adapter gradient")
+            .into_vec();
+        let theirs = common::floats(&expected, &format!("grad.{}", param.name()));
+        assert_close(
+            &format!("{}: gradient vs PEFT", param.name()),
+            &ours,
+            &theirs,
+            1e-7,
+            1e-4,
+        );
+    }
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    model.save_adapter(dir.path()).expect("saves");
+    let peft_bytes = std::fs::read(fixture.join(ADAPTER_WEIGHTS)).expect("fixture present");
+    let peft_file = SafeTensors::deserialize(&peft_bytes).expect("valid");
+    let our_bytes = std::fs::read(dir.path().join(ADAPTER_WEIGHTS)).expect("written");
+    let ours = SafeTensors::deserialize(&our_bytes).expect("valid");
+    let mut names: Vec<&str> = peft_file.names();
+    let mut our_names: Vec<&str> = ours.names();
+    names.sort_unstable();
+    our_names.sort_unstable();
+    assert_eq!(names, our_names, "tensor names differ from PEFT's");
+    for name in names {
+        let (a, b) = (
+            peft_file.tensor(name).expect("listed"),
+            ours.tensor(name).expect("listed"),
+        );
+        assert_eq!((a.shape(), a.data()), (b.shape(), b.data()), "{name}");
+    }
+
+    // For the reverse direction with PEFT itself (`make_peft_reference.py
+    // --check DIR`): the adapter as padfree writes it and padfree's logits.
+    if let Some(out) = std::env::var_os("PADFREE_PEFT_CHECK_DIR") {
+        let out = std::path::PathBuf::from(out);
+        model.save_adapter(&out).expect("saves");
+        let logits = model.without_autodiff().forward(&input).expect("forward");
+        let ids: Vec<i64> = batch.input_ids().iter().map(|&i| i64::from(i)).collect();
+        let positions: Vec<i64> = batch.position_ids().iter().map(|&i| i64::from(i)).collect();
+        let logit_values = host(logits.clone());
+        let to_bytes = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let logit_bytes: Vec<u8> = logit_values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let (id_bytes, pos_bytes) = (to_bytes(&ids), to_bytes(&positions));
+        use safetensors::tensor::{Dtype, TensorView};
+        let views = vec![
+            (
+                "input_ids",
+                TensorView::new(Dtype::I64, vec![ids.len()], &id_bytes).expect("view"),
+            ),
+            (
+                "position_ids",
+                TensorView::new(Dtype::I64, vec![ids.len()], &pos_bytes).expect("view"),
+            ),
+            (
+                "logits",
+                TensorView::new(Dtype::F32, logits.dims().to_vec(), &logit_bytes).expect("view"),
+            ),
+        ];
+        let file = safetensors::serialize(views, None).expect("serialises");
+        std::fs::write(out.join("logits.safetensors"), file).expect("written");
+    }
+}
