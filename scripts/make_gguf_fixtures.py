@@ -5,6 +5,8 @@ package `gguf` (PyPI):
 - fixtures/gguf/llama-tiny.gguf: the tiny HF Llama of fixtures/hf/llama-tiny
   written as llama.cpp's converter does (tensor names, query/key row
   permutation, metadata), all tensors F32 except the embedding in Q8_0.
+- fixtures/gguf/llama-tiny-q4.gguf: the same with every decoder-layer
+  projection quantized (Q4_0, Q4_1, Q8_0: PROJECTION_TYPES), a QLoRA base.
 - fixtures/gguf/dequant.safetensors: for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K, raw
   blocks (`raw.<type>`, u8) and their values as gguf-py dequantizes them
   (`expected.<type>`, f32).
@@ -29,11 +31,19 @@ def permute(weights, n_head):
     return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-def write_tiny_llama():
+# llama-tiny-q4.gguf: the decoder layers' projections quantized as a QLoRA
+# base is (the test of the fused quantized matmul on a whole model).
+PROJECTION_TYPES = {
+    "self_attn.q_proj": "Q4_0", "self_attn.k_proj": "Q4_0", "self_attn.v_proj": "Q4_1",
+    "self_attn.o_proj": "Q4_1", "mlp.gate_proj": "Q8_0", "mlp.up_proj": "Q8_0", "mlp.down_proj": "Q4_0",
+}
+
+
+def write_tiny_llama(file_name="llama-tiny.gguf", projection_types=None):
     source = ROOT / "fixtures" / "hf" / "llama-tiny"
     config = json.loads((source / "config.json").read_text())
     tensors = load_file(source / "model.safetensors")
-    writer = gguf.GGUFWriter(OUT / "llama-tiny.gguf", "llama")
+    writer = gguf.GGUFWriter(OUT / file_name, "llama")
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -66,6 +76,12 @@ def write_tiny_llama():
                 value = permute(value, config["num_attention_heads"])
             elif rest.startswith("self_attn.k_proj"):
                 value = permute(value, config["num_key_value_heads"])
+            kind = (projection_types or {}).get(rest.removesuffix(".weight"))
+            if kind is not None:
+                kind = gguf.GGMLQuantizationType[kind]
+                raw = quantize(np.ascontiguousarray(value), kind)
+                writer.add_tensor(target, raw, raw_shape=raw.shape, raw_dtype=kind)
+                continue
         writer.add_tensor(target, np.ascontiguousarray(value))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -100,5 +116,6 @@ def write_dequant_fixtures():
 if __name__ == "__main__":
     OUT.mkdir(parents=True, exist_ok=True)
     write_tiny_llama()
+    write_tiny_llama("llama-tiny-q4.gguf", PROJECTION_TYPES)
     write_dequant_fixtures()
     print("wrote", *sorted(p.name for p in OUT.iterdir()))

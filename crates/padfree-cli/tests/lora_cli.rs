@@ -221,8 +221,9 @@ fn bad_lora_flags_are_refused_by_name() {
     }
 }
 
-/// LoRA adapters on every linear layer of SmolLM2-135M from its Q4_1 GGUF
-/// (the base dequantised to f32 and frozen): three steps, adapter files out.
+/// QLoRA on SmolLM2-135M from its Q4_1 GGUF: adapters on every linear
+/// layer, the base's projections kept in their blocks and multiplied by the
+/// fused kernel: three steps, the loss falls, adapter files out.
 #[test]
 fn smollm2_trains_lora_adapters_from_its_gguf() {
     let gguf = std::env::var("PADFREE_SMOLLM2_GGUF")
@@ -270,6 +271,8 @@ fn smollm2_trains_lora_adapters_from_its_gguf() {
         .map(str::to_owned),
     );
     assert!(stdout.contains("lora: r 16"), "{stdout}");
+    // QLoRA: the base stays in its Q4_1 blocks.
+    assert!(stdout.contains("kept in their GGUF blocks"), "{stdout}");
     assert!(out.join("adapter_model.safetensors").is_file());
     let losses = losses(&out);
     assert_eq!(losses.len(), 3, "{losses:?}");

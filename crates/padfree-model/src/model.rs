@@ -13,7 +13,7 @@ use crate::kernels::{AttentionRows, CausalMasks};
 use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
-use crate::lora::{Lora, LoraConfig, merged_weight, peft};
+use crate::lora::{Lora, LoraConfig, LoraTarget, merged_weight, peft};
 use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum};
 use crate::tensor::{
     Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, frozen, int_tensor, linear,
@@ -21,6 +21,7 @@ use crate::tensor::{
 };
 use crate::weights::gguf::GgufFile;
 use crate::weights::gguf::llama as gguf_llama;
+use crate::weights::quantized::QuantMatrix;
 use crate::weights::safetensors::{WeightFiles, write_hf_dir};
 use crate::weights::table::{
     Init, LayerTensor, Param, ParamSpec, index, layer_tensors, param_specs,
@@ -40,6 +41,16 @@ pub struct LlamaModel {
     /// LoRA adapters: when present they are what trains, and `params` are
     /// frozen (no gradients, no optimizer state).
     lora: Option<Lora>,
+    /// Beside `params` (empty when none is): a frozen projection kept in its
+    /// GGUF blocks (QLoRA's base), whose `params` entry is then a `[1, 1]`
+    /// placeholder.
+    quantized: Vec<Option<QuantMatrix>>,
+}
+
+/// A parameter's values as loaded.
+enum Loaded {
+    Dense(Vec<f32>),
+    Quantized(QuantMatrix),
 }
 
 impl LlamaModel {
@@ -93,11 +104,60 @@ impl LlamaModel {
     /// Writes `config.json` and `model.safetensors` (f32, HF names) into
     /// `dir`, each through a temporary file renamed into place.
     pub fn save_hf_dir(&self, dir: &Path) -> Result<(), ModelError> {
-        let tensors = self
-            .params
-            .iter()
-            .map(|p| (p.name(), p.hf_shape(), p.value.clone().into_vec()));
+        let tensors = self.params.iter().enumerate().map(|(index, p)| {
+            let values = match self.quantized.get(index) {
+                Some(Some(quantized)) => quantized.dequantized(),
+                _ => p.value.clone().into_vec(),
+            };
+            (p.name(), p.hf_shape(), values)
+        });
         write_hf_dir(dir, &self.config.to_hf_json(), tensors)
+    }
+
+    /// Loads a Llama-architecture GGUF file for QLoRA: the seven projections
+    /// of every decoder layer stay in their GGUF blocks (frozen; on the CPU
+    /// the fused kernel multiplies them, elsewhere they are dequantised per
+    /// use), the rest (embedding, norms, LM head) is dequantised to f32.
+    /// Train it only with adapters ([`Self::with_lora`]): the trainer
+    /// refuses a quantized model without them.
+    pub fn from_gguf_quantized(file: &GgufFile, device: &Device) -> Result<Self, ModelError> {
+        let config = LlamaConfig::from_gguf(file)?;
+        let projections: Vec<String> = (0..config.num_hidden_layers)
+            .flat_map(|layer| {
+                LoraTarget::ALL.map(|t| format!("model.layers.{layer}.{}.weight", t.hf_path()))
+            })
+            .collect();
+        let mut model = Self::build_loaded(&config, device, |spec| {
+            if projections.contains(&spec.hf_name)
+                && let Some(quantized) = gguf_llama::read_quantized(file, &config, spec)?
+            {
+                return Ok(Loaded::Quantized(quantized));
+            }
+            Ok(Loaded::Dense(gguf_llama::read_tensor(file, &config, spec)?))
+        })?;
+        // Frozen from the start: nothing of the base trains with adapters.
+        for param in &mut model.params {
+            param.value = frozen(param.value.clone());
+        }
+        Ok(model)
+    }
+
+    /// Bytes of the weights as held: f32 values, and GGUF blocks for the
+    /// quantized projections.
+    pub fn weight_bytes(&self) -> usize {
+        self.params
+            .iter()
+            .enumerate()
+            .map(|(index, param)| match self.quantized.get(index) {
+                Some(Some(quantized)) => quantized.bytes(),
+                _ => 4 * param.numel(),
+            })
+            .sum()
+    }
+
+    /// True when some weights are kept in GGUF blocks.
+    pub fn is_quantized(&self) -> bool {
+        self.quantized.iter().any(Option::is_some)
     }
 
     /// Builds every parameter of the table, in its order, from
@@ -108,17 +168,38 @@ impl LlamaModel {
         device: &Device,
         mut source: impl FnMut(&ParamSpec) -> Result<Vec<f32>, ModelError>,
     ) -> Result<Self, ModelError> {
+        Self::build_loaded(config, device, |spec| Ok(Loaded::Dense(source(spec)?)))
+    }
+
+    fn build_loaded(
+        config: &LlamaConfig,
+        device: &Device,
+        mut source: impl FnMut(&ParamSpec) -> Result<Loaded, ModelError>,
+    ) -> Result<Self, ModelError> {
         config.validate()?;
+        let mut quantized = Vec::new();
         let params = param_specs(config)
             .into_iter()
             .map(|spec| {
-                let mut value = float_tensor(source(&spec)?, spec.matrix_shape(), device);
+                let mut value = match source(&spec)? {
+                    Loaded::Dense(values) => {
+                        quantized.push(None);
+                        float_tensor(values, spec.matrix_shape(), device)
+                    }
+                    Loaded::Quantized(blocks) => {
+                        quantized.push(Some(blocks));
+                        float_tensor(vec![0.0], [1, 1], device)
+                    }
+                };
                 if device.is_autodiff() {
                     value = trainable(value);
                 }
                 Ok(Param::new(spec.hf_name, spec.hf_shape, value))
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
+        if quantized.iter().all(Option::is_none) {
+            quantized.clear();
+        }
         Ok(Self {
             config: config.clone(),
             device: device.clone(),
@@ -126,6 +207,7 @@ impl LlamaModel {
             layer_tensors: layer_tensors(config),
             attention_kernel: AttentionKernel::default(),
             lora: None,
+            quantized,
         })
     }
 
@@ -170,6 +252,7 @@ impl LlamaModel {
                 dropout_seed: None,
                 base: lora.base.clone(),
             }),
+            quantized: self.quantized.clone(),
         }
     }
 
@@ -246,10 +329,14 @@ impl LlamaModel {
                 let at = (layer * lora.config.targets.len() + slot) * 2;
                 let (a, b) = (&lora.params[at], &lora.params[at + 1]);
                 let index = index::layer_start(layer, per_layer) + target.layer_tensor() as usize;
+                let dense = match merged.quantized.get_mut(index).and_then(Option::take) {
+                    Some(quantized) => quantized.dequantized(),
+                    None => merged.params[index].value.clone().into_vec(),
+                };
                 let weight = &mut merged.params[index];
-                let dims = weight.value.dims();
+                let dims = weight.matrix_dims();
                 let values = merged_weight(
-                    &weight.value.clone().into_vec(),
+                    &dense,
                     &a.value.clone().into_vec(),
                     &b.value.clone().into_vec(),
                     r,
@@ -330,8 +417,10 @@ impl LlamaModel {
                     hint: "this is a bug in padfree; please report it",
                 })?;
         let lora = self.lora.as_ref();
+        let quantized = self.quantized.get(start..start + per_layer).unwrap_or(&[]);
         Ok(DecoderLayer::new(
             block,
+            quantized,
             &self.layer_tensors,
             &self.config,
             |target| lora.and_then(|lora| lora.adapter(layer, target)),

@@ -147,6 +147,14 @@ impl Trainer {
                 hint: "a LoRA run resumes with its own --use-peft and --lora-* flags, a full fine-tuning run without them",
             });
         }
+        if model.is_quantized() && model.lora_config().is_none() {
+            return Err(TrainError::Config {
+                flag: "use-peft",
+                message: "the model's weights are kept in GGUF blocks, which cannot be trained"
+                    .into(),
+                hint: "train LoRA adapters on it (--use-peft), or load the model dequantised for full fine-tuning",
+            });
+        }
         let adapters = match model.lora_config() {
             Some(_) => model.trainable(),
             None => Vec::new(),

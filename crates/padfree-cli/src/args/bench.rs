@@ -350,6 +350,7 @@ impl BenchJob {
             overlong: Overlong::Truncate,
             gradient_checkpointing: false,
             merge_adapter: false,
+            dequantize_base: false,
             device: self.device,
             multipack_examples_per_bin: mode.multipack.then_some(batch),
             verify_packing: None,

@@ -169,6 +169,10 @@ pub struct TrainArgs {
     /// format) to OUTPUT_DIR/merged when training ends.
     #[arg(long, requires = "use_peft")]
     pub merge_adapter: bool,
+    /// With a GGUF model: hold the frozen base in f32 instead of its GGUF
+    /// blocks (QLoRA, the default with --use-peft on the CPU).
+    #[arg(long, requires = "use_peft")]
+    pub dequantize_base: bool,
     /// Where the model trains: cpu, or a GPU (vulkan, wgpu, metal, dx12;
     /// `vulkan:1` picks an adapter). Never replaced by another device.
     #[arg(long, default_value = "cpu", value_parser = device_choice())]
@@ -325,6 +329,8 @@ pub struct TrainJob {
     pub gradient_checkpointing: bool,
     /// `--merge-adapter`.
     pub merge_adapter: bool,
+    /// `--dequantize-base`.
+    pub dequantize_base: bool,
     /// `--device`.
     pub device: DeviceChoice,
     /// Multipack without --max-tokens-per-batch: bins hold this many
@@ -581,6 +587,7 @@ impl TrainArgs {
             },
             gradient_checkpointing: self.gradient_checkpointing,
             merge_adapter: self.merge_adapter,
+            dequantize_base: self.dequantize_base,
             device: self.device,
             multipack_examples_per_bin,
             verify_packing: self.verify_packing.then_some(self.verify_packing_batches),

@@ -13,7 +13,7 @@ use padfree_data::{
 };
 use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::gguf::GgufFile;
-use padfree_model::kernels::kernel_bodies;
+use padfree_model::kernels::{self, kernel_bodies};
 use padfree_model::lora::peft::read_config as read_adapter_config;
 use padfree_model::tensor::{Device, cpu_device, cpu_device_with_checkpointing};
 use padfree_model::{LlamaConfig, LlamaModel, LoraConfig, is_adapter_dir, tokenizer_from_gguf};
@@ -388,6 +388,21 @@ fn load_base(
         ModelSource::HfDir(dir) => {
             check_memory(&LlamaConfig::from_hf_file(&dir.join("config.json"))?, lora)?;
             LlamaModel::from_hf_dir(dir, device)?
+        }
+        // QLoRA: adapters on a base kept in its GGUF blocks, multiplied by
+        // the CPU's fused kernel.
+        ModelSource::Gguf(path)
+            if lora.is_some() && !job.dequantize_base && kernels::on_cpu(device) =>
+        {
+            let file = GgufFile::open(path)?;
+            let model = LlamaModel::from_gguf_quantized(&file, device)?;
+            let dense = 4 * model.config().num_parameters();
+            say!(
+                "base: the decoder layers' projections kept in their GGUF blocks and frozen: {:.1} MiB of weights held ({:.1} MiB in f32)",
+                model.weight_bytes() as f64 / 1048576.0,
+                dense as f64 / 1048576.0
+            );
+            model
         }
         ModelSource::Gguf(path) => LlamaModel::from_gguf(path, device)?,
         ModelSource::Init(name) => {

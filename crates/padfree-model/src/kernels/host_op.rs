@@ -54,6 +54,11 @@ pub(crate) trait HostOp<const N: usize>:
     /// (attention) keep their output and saved values.
     const RECOMPUTE: bool = false;
 
+    /// Whether the backward pass reads the forward output (kept ops only):
+    /// a linear layer's input gradient does not, and keeping it would hold
+    /// the whole output until the backward pass.
+    const KEEPS_OUTPUT: bool = true;
+
     /// The output and what to save.
     fn forward(&self, inputs: [HostTensor<'_>; N]) -> HostOutput;
 
@@ -234,7 +239,11 @@ fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
                 Saved {
                     op,
                     inputs: primitives,
-                    output: output.clone(),
+                    output: if Op::KEEPS_OUTPUT {
+                        output.clone()
+                    } else {
+                        FlexTensor::from_data(TensorData::new(Vec::<f32>::new(), [0]))
+                    },
                     saved: Arc::new(saved),
                 },
                 output,

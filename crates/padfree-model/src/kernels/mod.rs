@@ -8,6 +8,9 @@
 //! `simd.rs` runs kernel bodies compiled for the CPU's best vector set
 //! (chosen at run time) and holds their vectorisable `exp`, `dot`, `sum_exp`.
 //!
+//! `quant_matmul.rs` is QLoRA's frozen linear layer: `x W^T` and its input
+//! gradient with `W` in GGUF blocks, dequantised a tile at a time.
+//!
 //! `host_op.rs` is the one generic layer that enters a host kernel into
 //! burn's autodiff graph (backend-extension API), for plain autodiff and
 //! gradient checkpointing; the kernels themselves know nothing of burn's
@@ -16,6 +19,7 @@
 mod attention;
 mod cross_entropy;
 mod host_op;
+pub mod quant_matmul;
 mod rms_norm;
 mod simd;
 mod swiglu;
@@ -26,6 +30,7 @@ pub use attention::{
 };
 pub use cross_entropy::{composed_cross_entropy_sum, cross_entropy_sum};
 pub use host_op::UnsupportedTensor;
+pub use quant_matmul::{composed_quant_linear, quant_linear};
 pub use rms_norm::{composed_rms_norm, rms_norm};
 pub use swiglu::{composed_swiglu, swiglu};
 

@@ -117,9 +117,9 @@ impl Attention<'_> {
     ) -> Result<Tensor<2>, ModelError> {
         let n = x.dims()[0];
         let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = project(x.clone(), &self.q_proj, self.q_bias);
-        let k = project(x.clone(), &self.k_proj, self.k_bias);
-        let v = project(x, &self.v_proj, self.v_bias).reshape([n, hkv, d]);
+        let q = project(x.clone(), &self.q_proj, self.q_bias)?;
+        let k = project(x.clone(), &self.k_proj, self.k_bias)?;
+        let v = project(x, &self.v_proj, self.v_bias)?.reshape([n, hkv, d]);
         let q = rope.apply(per_head_norm(q, h, d, self.q_norm.as_ref())?);
         let k = rope.apply(per_head_norm(k, hkv, d, self.k_norm.as_ref())?);
         let context = match layout {
@@ -173,7 +173,7 @@ impl Attention<'_> {
                 (**mask).clone(),
             )),
         };
-        Ok(self.o_proj.forward(context))
+        self.o_proj.forward(context)
     }
 
     /// The fused kernel: every example of the batch in one call.
@@ -200,12 +200,16 @@ impl Attention<'_> {
 
 /// `x @ weight^T (+ bias)`: `[N, C] -> [N, O]`, the bias `[1, O]` broadcast
 /// over the rows.
-fn project(x: Tensor<2>, weight: &Linear<'_>, bias: Option<&Param>) -> Tensor<2> {
-    let y = weight.forward(x);
-    match bias {
+fn project(
+    x: Tensor<2>,
+    weight: &Linear<'_>,
+    bias: Option<&Param>,
+) -> Result<Tensor<2>, ModelError> {
+    let y = weight.forward(x)?;
+    Ok(match bias {
         Some(bias) => y + bias.value.clone(),
         None => y,
-    }
+    })
 }
 
 /// `[N, heads * D] -> [N, heads, D]`, each head through `norm` when there is one.

@@ -7,6 +7,7 @@ use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::lora::{Adapter, LoraTarget};
 use crate::tensor::Tensor;
+use crate::weights::quantized::QuantMatrix;
 use crate::weights::table::{LayerTensor, Param};
 
 /// One pre-norm decoder layer: `x + attn(norm(x))`, then `h + mlp(norm(h))`.
@@ -20,10 +21,12 @@ pub struct DecoderLayer<'a> {
 
 impl<'a> DecoderLayer<'a> {
     /// The layer over its block of parameters, which holds `tensors` in
-    /// this order (`weights::table::layer_tensors` of `config`), with the
-    /// LoRA adapter of each projection `adapter` gives.
+    /// this order (`weights::table::layer_tensors` of `config`; `quantized`
+    /// beside it: a projection's weight in GGUF blocks, if kept so), with
+    /// the LoRA adapter of each projection `adapter` gives.
     pub fn new(
         params: &'a [Param],
+        quantized: &'a [Option<QuantMatrix>],
         tensors: &[LayerTensor],
         config: &LlamaConfig,
         adapter: impl Fn(LoraTarget) -> Option<Adapter<'a>>,
@@ -38,7 +41,14 @@ impl<'a> DecoderLayer<'a> {
         // Tensors every model has come first in the table, so they sit at
         // their own index in every block.
         let p = |tensor: LayerTensor| &params[tensor as usize];
-        let linear = |target: LoraTarget| Linear::new(p(target.layer_tensor()), adapter(target));
+        let linear = |target: LoraTarget| {
+            let at = target.layer_tensor() as usize;
+            Linear::new(
+                &params[at],
+                quantized.get(at).and_then(Option::as_ref),
+                adapter(target),
+            )
+        };
         let eps = config.rms_norm_eps;
         Self {
             input_layernorm: RmsNorm::new(p(LayerTensor::InputNorm), config.rms_norm_eps),

@@ -1,27 +1,49 @@
+use crate::error::ModelError;
+use crate::kernels::{composed_quant_linear, on_cpu, quant_linear};
 use crate::lora::Adapter;
 use crate::tensor::{Tensor, linear};
+use crate::weights::quantized::QuantMatrix;
 use crate::weights::table::Param;
 
-/// A linear layer without bias, HF's `[O, C]` weight, and its LoRA adapter
-/// when it has one.
+/// A linear layer without bias, HF's `[O, C]` weight (f32, or frozen in GGUF
+/// blocks), and its LoRA adapter when it has one.
 #[derive(Debug, Clone)]
 pub struct Linear<'a> {
     /// `[O, C]`; frozen when an adapter trains beside it.
     pub(crate) weight: &'a Param,
+    /// The weight in GGUF blocks (QLoRA's base): `weight` is then a
+    /// placeholder and this is what multiplies.
+    pub(crate) quantized: Option<&'a QuantMatrix>,
     pub(crate) adapter: Option<Adapter<'a>>,
 }
 
 impl<'a> Linear<'a> {
-    /// `weight` (`[O, C]`) with `adapter`.
-    pub fn new(weight: &'a Param, adapter: Option<Adapter<'a>>) -> Self {
-        Self { weight, adapter }
+    /// `weight` (`[O, C]`, or `quantized`) with `adapter`.
+    pub fn new(
+        weight: &'a Param,
+        quantized: Option<&'a QuantMatrix>,
+        adapter: Option<Adapter<'a>>,
+    ) -> Self {
+        Self {
+            weight,
+            quantized,
+            adapter,
+        }
     }
 
     /// `x W^T (+ the adapter's update)`: `[N, C] -> [N, O]`.
-    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        match &self.adapter {
+    pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
+        let update = self.adapter.map(|adapter| adapter.forward(x.clone()));
+        let base = match self.quantized {
+            // The fused dequantise-and-multiply kernel is the CPU's; a GPU
+            // multiplies the dequantised weight.
+            Some(quantized) if on_cpu(&x.device()) => quant_linear(x, quantized)?,
+            Some(quantized) => composed_quant_linear(x, quantized),
             None => linear(x, &self.weight.value),
-            Some(adapter) => linear(x.clone(), &self.weight.value) + adapter.forward(x),
-        }
+        };
+        Ok(match update {
+            Some(update) => base + update,
+            None => base,
+        })
     }
 }

@@ -18,8 +18,8 @@ impl Mlp<'_> {
     /// `[N, C] -> [N, C]`; the gate through the fused kernel
     /// (`kernels/swiglu.rs`).
     pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
-        let gate = self.gate_proj.forward(x.clone());
-        let up = self.up_proj.forward(x);
-        Ok(self.down_proj.forward(swiglu(gate, up)?))
+        let gate = self.gate_proj.forward(x.clone())?;
+        let up = self.up_proj.forward(x)?;
+        self.down_proj.forward(swiglu(gate, up)?)
     }
 }

@@ -46,6 +46,16 @@ impl Param {
     pub fn numel(&self) -> usize {
         self.hf_shape.iter().product()
     }
+
+    /// `[rows, cols]` as the model holds it (vectors as `[1, C]`), whatever
+    /// `value` holds (a placeholder for a weight kept in GGUF blocks).
+    pub fn matrix_dims(&self) -> [usize; 2] {
+        match self.hf_shape.as_slice() {
+            [rows, cols] => [*rows, *cols],
+            [cols] => [1, *cols],
+            _ => [1, self.numel()],
+        }
+    }
 }
 
 /// A size of the architecture, resolved against a config.

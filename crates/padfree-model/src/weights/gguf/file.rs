@@ -100,7 +100,7 @@ impl GgmlType {
     }
 
     /// (values per block, bytes per block).
-    fn block(self) -> (usize, usize) {
+    pub fn block(self) -> (usize, usize) {
         match self {
             GgmlType::F32 => (1, 4),
             GgmlType::F16 | GgmlType::Bf16 => (1, 2),
@@ -344,6 +344,12 @@ impl GgufFile {
 
     /// The values of a tensor as f32, in row-major order of [`GgufTensorInfo::shape`].
     pub fn dequantize(&self, name: &str) -> Result<Vec<f32>, ModelError> {
+        let (ggml_type, data) = self.raw(name)?;
+        Ok(dequantize(ggml_type, data))
+    }
+
+    /// A tensor's stored bytes (whole blocks) and their type.
+    pub fn raw(&self, name: &str) -> Result<(GgmlType, &[u8]), ModelError> {
         let info = self.tensors.get(name).ok_or_else(|| ModelError::Weights {
             path: self.path.clone(),
             tensor: name.to_owned(),
@@ -377,7 +383,7 @@ impl GgufFile {
                     info.offset
                 ))
             })?;
-        Ok(dequantize(info.ggml_type, data))
+        Ok((info.ggml_type, data))
     }
 }
 
@@ -399,6 +405,38 @@ pub fn dequantize(ggml_type: GgmlType, data: &[u8]) -> Vec<f32> {
         GgmlType::Q8_0 => blocks.flat_map(dequantize_q8_0).collect(),
         GgmlType::Q4K => blocks.flat_map(dequantize_q4_k).collect(),
         GgmlType::Q6K => blocks.flat_map(dequantize_q6_k).collect(),
+    }
+}
+
+/// [`dequantize`] into `out` (`data`'s whole blocks of values, in order):
+/// the fused quantized matmul's tiles, without a new allocation per tile.
+pub fn dequantize_into(ggml_type: GgmlType, data: &[u8], out: &mut [f32]) {
+    let (block_values, block_bytes) = ggml_type.block();
+    let blocks = data.chunks_exact(block_bytes);
+    let outs = out.chunks_exact_mut(block_values);
+    match ggml_type {
+        GgmlType::F32 => blocks
+            .zip(outs)
+            .for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        GgmlType::F16 => blocks.zip(outs).for_each(|(b, o)| o[0] = f16(b, 0)),
+        GgmlType::Bf16 => blocks
+            .zip(outs)
+            .for_each(|(b, o)| o[0] = half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        GgmlType::Q4_0 => blocks
+            .zip(outs)
+            .for_each(|(b, o)| o.copy_from_slice(&dequantize_q4_0(b))),
+        GgmlType::Q4_1 => blocks
+            .zip(outs)
+            .for_each(|(b, o)| o.copy_from_slice(&dequantize_q4_1(b))),
+        GgmlType::Q8_0 => blocks
+            .zip(outs)
+            .for_each(|(b, o)| o.copy_from_slice(&dequantize_q8_0(b))),
+        GgmlType::Q4K => blocks
+            .zip(outs)
+            .for_each(|(b, o)| o.copy_from_slice(&dequantize_q4_k(b))),
+        GgmlType::Q6K => blocks
+            .zip(outs)
+            .for_each(|(b, o)| o.copy_from_slice(&dequantize_q6_k(b))),
     }
 }
 

@@ -2,9 +2,10 @@
 //! tensor of the parameter table by llama.cpp's name, dequantised to f32 and
 //! with llama.cpp's query/key row permutation undone.
 
-use super::file::{GgufFile, GgufValue};
+use super::file::{GgmlType, GgufFile, GgufTensorInfo, GgufValue};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
+use crate::weights::quantized::QuantMatrix;
 use crate::weights::table::{ParamSpec, RopeRows};
 
 impl LlamaConfig {
@@ -110,11 +111,11 @@ fn gguf_config_error(file: &GgufFile, field: &'static str, message: String) -> M
 ///
 /// # Shapes
 /// `values`: `[heads * D, cols]`, row-major.
-fn unpermute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+fn unpermute_rows<T: Copy + Default>(values: &[T], heads: usize, cols: usize) -> Vec<T> {
     let rows = values.len() / cols;
     let head_dim = rows / heads;
     let half = head_dim / 2;
-    let mut out = vec![0.0; values.len()];
+    let mut out = vec![T::default(); values.len()];
     for head in 0..heads {
         for i in 0..half {
             for s in 0..2 {
@@ -126,6 +127,61 @@ fn unpermute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
         }
     }
     out
+}
+
+/// The tensor of `spec` in `file` kept in its blocks, rows in HF order
+/// (`QuantMatrix`); `None` for f32 tensors, which stay f32.
+pub(crate) fn read_quantized(
+    file: &GgufFile,
+    config: &LlamaConfig,
+    spec: &ParamSpec,
+) -> Result<Option<QuantMatrix>, ModelError> {
+    let info = checked_info(file, spec)?;
+    let (ggml_type, data) = file.raw(&spec.gguf_name)?;
+    if ggml_type == GgmlType::F32 {
+        return Ok(None);
+    }
+    let [rows, cols] = spec.matrix_shape();
+    let row_bytes = data.len() / rows.max(1);
+    let data = match spec.rope_rows {
+        RopeRows::QueryHeads => unpermute_rows(data, config.num_attention_heads, row_bytes),
+        RopeRows::KvHeads => unpermute_rows(data, config.num_key_value_heads, row_bytes),
+        RopeRows::No => data.to_vec(),
+    };
+    QuantMatrix::new(ggml_type, rows, cols, data)
+        .map(Some)
+        .ok_or_else(|| ModelError::Weights {
+            path: file.path().to_owned(),
+            tensor: info.name.clone(),
+            message: format!("{ggml_type:?} rows of {cols} values are not whole blocks"),
+            hint: "the GGUF file is corrupt; convert the model again",
+        })
+}
+
+fn checked_info<'a>(
+    file: &'a GgufFile,
+    spec: &ParamSpec,
+) -> Result<&'a GgufTensorInfo, ModelError> {
+    let name = &spec.gguf_name;
+    let hf_shape = spec.hf_shape.as_slice();
+    let info = file.tensors.get(name).ok_or_else(|| ModelError::Weights {
+        path: file.path().to_owned(),
+        tensor: name.clone(),
+        message: format!("is missing (needed for {})", spec.hf_name),
+        hint: "the GGUF file is not a complete Llama-architecture model",
+    })?;
+    if info.shape() != hf_shape {
+        return Err(ModelError::Weights {
+            path: file.path().to_owned(),
+            tensor: name.clone(),
+            message: format!(
+                "has shape {:?}, the metadata implies {hf_shape:?}",
+                info.shape()
+            ),
+            hint: "the GGUF metadata and tensors disagree; convert the model again",
+        });
+    }
+    Ok(info)
 }
 
 /// The tensor of `spec` in `file`, as HF holds it (f32, HF row order).

@@ -7,5 +7,5 @@ mod file;
 pub(crate) mod llama;
 mod tokenizer;
 
-pub use file::{GgmlType, GgufFile, GgufTensorInfo, GgufValue, dequantize};
+pub use file::{GgmlType, GgufFile, GgufTensorInfo, GgufValue, dequantize, dequantize_into};
 pub use tokenizer::tokenizer_from_gguf;
