@@ -457,3 +457,73 @@ fn bench_compares_ranks_with_one_process_on_the_same_bins() {
         assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} vs {b}");
     }
 }
+
+/// LoRA under MPI (dropout on): only the adapters' gradients cross ranks,
+/// and 2 ranks train the adapters one process trains with 2 accumulated
+/// micro-batches (dropout masks follow the micro-batch's examples, not its
+/// rank): the same step losses (1e-6 relative) and adapter tensors (2e-6 of
+/// each tensor's norm, the bound of the full-model test above).
+#[test]
+fn lora_ranks_match_one_process() {
+    let guard = scratch("mpi-lora");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let lora = [
+        "--use-peft",
+        "--lora-r",
+        "4",
+        "--lora-target-modules",
+        "all-linear",
+        "--lora-dropout",
+        "0.1",
+    ]
+    .map(str::to_owned);
+    let args = |out: &Path, accumulation: usize| {
+        let mut args = run_args(&config, &data, &out.display().to_string(), accumulation);
+        args.extend(lora.iter().cloned());
+        args
+    };
+    let one = dir.join("one");
+    let output = padfree(&as_str(&args(&one, 2)));
+    assert!(output.status.success(), "{}", stderr(&output));
+    let two = dir.join("two");
+    let output = mpirun(2, &as_str(&args(&two, 1)), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    for (step, (a, b)) in step_losses(&two).iter().zip(&step_losses(&one)).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs(),
+            "step {}: {a} vs {b}",
+            step + 1
+        );
+    }
+    let adapters = |dir: &Path| {
+        let bytes = std::fs::read(dir.join("adapter_model.safetensors")).expect("adapters");
+        let file = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+        let mut tensors: Vec<(String, Vec<f32>)> = file
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                let values = view
+                    .data()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                (name, values)
+            })
+            .collect();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        tensors
+    };
+    let (ours, theirs) = (adapters(&two), adapters(&one));
+    assert_eq!(ours.len(), theirs.len());
+    for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
+        let norm =
+            |v: &mut dyn Iterator<Item = f32>| v.map(|x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+        let diff = norm(&mut a.iter().zip(b).map(|(x, y)| x - y));
+        assert!(
+            diff <= 2e-6 * norm(&mut b.iter().copied()),
+            "{name}: relative error {}",
+            diff / norm(&mut b.iter().copied())
+        );
+    }
+}

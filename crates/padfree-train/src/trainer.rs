@@ -883,10 +883,10 @@ impl Trainer {
         let on_device = !self.model.on_cpu();
         let mut grads = GradSums::new(on_device, self.model.trainable().len());
         let (mut loss_sum, mut fed_tokens) = (0.0, 0);
-        for (micro_batch, indices) in planned.rank_batches(self.comm.rank()).iter().enumerate() {
+        for indices in planned.rank_batches(self.comm.rank()) {
             let batch: Vec<Example> = indices.iter().map(|&i| self.examples[i].clone()).collect();
             self.model
-                .set_lora_dropout_seed(Some(self.dropout_seed(micro_batch)));
+                .set_lora_dropout_seed(Some(self.dropout_seed(indices)));
             let pass = self.forward_backward(&batch, label_tokens.max(1), &mut grads)?;
             loss_sum += pass.loss_sum;
             fed_tokens += pass.fed_tokens;
@@ -1003,18 +1003,17 @@ impl Trainer {
         })
     }
 
-    /// The seed of this step's micro-batch `micro_batch` on this rank's LoRA
-    /// dropout: a function of the run's seed and the batch's place in the
-    /// plan, so a resumed run draws the masks the uninterrupted one drew.
-    fn dropout_seed(&self, micro_batch: usize) -> u64 {
+    /// The seed of the LoRA dropout of this step's micro-batch of
+    /// `examples`: a function of the run's seed, the step and the examples
+    /// (not of the rank or the batch's place on it), so a resumed run, and
+    /// the same micro-batch on any rank of any world size, draw the same
+    /// masks.
+    fn dropout_seed(&self, examples: &[usize]) -> u64 {
         let mut hash = Fnv1a::new();
-        for part in [
-            self.config.seed,
-            self.global_step as u64,
-            self.comm.rank() as u64,
-            micro_batch as u64,
-        ] {
-            hash.eat(part);
+        hash.eat(self.config.seed);
+        hash.eat(self.global_step as u64);
+        for &example in examples {
+            hash.eat(example as u64);
         }
         hash.finish()
     }
