@@ -9,26 +9,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{first_records, padfree, scratch, stderr};
-
-/// `count` records of random token ids below 128 (`--config tiny`'s
-/// vocabulary), from `seed`: data a tiny model overfits.
-fn random_ids(path: &Path, count: usize, seed: u32) -> String {
-    let mut state = seed;
-    let mut text = String::new();
-    for record in 0..count {
-        let len = 12 + (record * 5) % 17;
-        let ids: Vec<String> = (0..len)
-            .map(|_| {
-                state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-                ((state >> 8) % 128).to_string()
-            })
-            .collect();
-        text.push_str(&format!("{{\"input_ids\": [{}]}}\n", ids.join(", ")));
-    }
-    std::fs::write(path, text).expect("write data");
-    path.display().to_string()
-}
+use common::{first_records, padfree, random_ids, scratch, stderr};
 
 /// A run that overfits: evaluated every 2 steps, checkpointed every 2, 12
 /// steps; the held-out loss rises after its first evaluations.

@@ -24,6 +24,8 @@
 //! - [`tensor`]: the thin wrapper over burn's tensor API.
 //! - [`check`]: the packing check of `padfree check` (padding-free vs padded
 //!   vs one at a time on real batches, a perturbation, a per-layer trace).
+//! - [`memory`]: what a training step holds (weights, training state,
+//!   activations), estimated before loading.
 //! - [`flops`]: model FLOPs of a training step and the machine's peak (MFU).
 //!
 //! Modules depend one way: `tensor` <- `kernels` <- `layers` <- `model`;
@@ -44,6 +46,7 @@ pub mod kernels;
 pub mod layers;
 pub mod lora;
 mod loss;
+pub mod memory;
 mod model;
 pub mod tensor;
 pub mod weights;

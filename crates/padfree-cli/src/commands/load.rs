@@ -218,7 +218,11 @@ fn warn_if_not_the_models_tokenizer(job: &TrainJob, given: &TextTokenizer) -> an
     let Some(own_file) = own_file.filter(|f| f.is_file()) else {
         return Ok(());
     };
-    let own = load_tokenizer_file(&own_file)?;
+    // A model without a readable tokenizer of its own (a GGUF file written
+    // without one) has nothing to compare the given one with.
+    let Ok(own) = load_tokenizer_file(&own_file) else {
+        return Ok(());
+    };
     let difference = given.differences_from(&own);
     if let (true, Some((id, ours, theirs))) = (difference.disagrees(), &difference.first) {
         warn!(
@@ -427,14 +431,7 @@ fn check_memory(config: &LlamaConfig, lora: Option<&LoraConfig>) -> anyhow::Resu
         }
         None => 16.0 * config.num_parameters() as f64,
     };
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| {
-            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-            line.split_whitespace().nth(1)?.parse::<f64>().ok()
-        })
-        .map(|kib| kib * 1024.0);
-    if let Some(total) = total
+    if let Some(total) = machine_memory()
         && needed > total
     {
         bail!(
@@ -445,6 +442,17 @@ fn check_memory(config: &LlamaConfig, lora: Option<&LoraConfig>) -> anyhow::Resu
         );
     }
     Ok(())
+}
+
+/// This machine's memory in bytes (Linux's `MemTotal`).
+pub fn machine_memory() -> Option<f64> {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map(|kib| kib * 1024.0)
 }
 
 /// The config of `--config NAME`: a preset or a config.json.

@@ -7,16 +7,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_model::check::Fault;
+use padfree_model::memory::training_memory;
 use padfree_train::outputs::{
     LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, check_free_space, check_output_dir_outside,
     lock_output_dir, prepare_output_dir,
 };
 use padfree_train::{
-    Batching, EvalSet, EvalStrategy, LogRecord, Observer, StepMetrics, TrainConfig, Trainer,
-    checkpoint,
+    AttentionMode, Batching, EvalSet, EvalStrategy, LogRecord, Observer, StepMetrics, TrainConfig,
+    Trainer, checkpoint,
 };
 
-use super::load::{Loaded, load, with_record};
+use super::load::{Loaded, load, machine_memory, with_record};
 use crate::args::TrainJob;
 
 /// Exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it.
@@ -137,6 +138,11 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             );
         }
     }
+    let label_counts: Vec<usize> = dataset
+        .examples
+        .iter()
+        .map(|e| e.num_loss_tokens())
+        .collect();
     let (source, locations) = (dataset.source, dataset.locations);
     // The merged model (--merge-adapter) gets the tokenizer files too.
     let merge_artifacts = job.merge_adapter.then(|| artifacts.clone());
@@ -183,6 +189,13 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     }
     if rank == 0 {
         check_free_space(&job.output_dir, trainer.bytes_to_write())?;
+        check_step_memory(
+            &trainer,
+            &config,
+            &lengths,
+            &label_counts,
+            job.gradient_checkpointing,
+        )?;
     }
     print_packing(&trainer, &config);
     say!(
@@ -259,6 +272,63 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         );
     }
     Ok(false)
+}
+
+/// Says what a step will hold (weights as held, training state,
+/// activations of the largest micro-batch of the plan:
+/// `padfree_model::memory`) and refuses a run that cannot fit in this
+/// machine's memory, before the first step.
+fn check_step_memory(
+    trainer: &Trainer,
+    config: &TrainConfig,
+    lengths: &[usize],
+    labels: &[usize],
+    checkpointing: bool,
+) -> anyhow::Result<()> {
+    let padded = config.attention == AttentionMode::Padded;
+    let (mut tokens, mut label_tokens) = (0, 0);
+    for step in trainer.plan().steps() {
+        for batch in step.all_batches() {
+            let real: usize = batch.iter().map(|&i| lengths[i]).sum();
+            let longest = batch.iter().map(|&i| lengths[i]).max().unwrap_or(0);
+            tokens = tokens.max(if padded { batch.len() * longest } else { real });
+            label_tokens = label_tokens.max(batch.iter().map(|&i| labels[i]).sum());
+        }
+    }
+    let model = trainer.model();
+    let estimate = training_memory(
+        model.config(),
+        model.weight_bytes() as u64,
+        model.lora_config(),
+        tokens,
+        label_tokens,
+    );
+    let gib = |bytes: u64| bytes as f64 / 1073741824.0;
+    say!(
+        "memory: about {:.2} GiB a step: weights {:.2}, training state {:.2}, activations {:.2} (the largest micro-batch: {tokens} tokens, {label_tokens} labelled{})",
+        gib(estimate.total()),
+        gib(estimate.weights),
+        gib(estimate.training_state),
+        gib(estimate.activations),
+        if checkpointing {
+            "; gradient checkpointing keeps less"
+        } else {
+            ""
+        }
+    );
+    if let Some(total) = machine_memory()
+        && estimate.total() as f64 > total
+    {
+        bail!(
+            "a training step needs about {:.1} GiB (weights {:.1}, training state {:.1}, activations {:.1} for {tokens} tokens), more than this machine's {:.1} GiB of memory\nHINT: smaller micro-batches (--per-device-train-batch-size, --max-tokens-per-batch), --gradient-checkpointing, or LoRA (--use-peft) on a quantized GGUF base",
+            gib(estimate.total()),
+            gib(estimate.weights),
+            gib(estimate.training_state),
+            gib(estimate.activations),
+            total / 1073741824.0
+        );
+    }
+    Ok(())
 }
 
 /// Where `--merge-adapter` writes the merged model, inside the output directory.

@@ -8,6 +8,9 @@
 //! `simd.rs` runs kernel bodies compiled for the CPU's best vector set
 //! (chosen at run time) and holds their vectorisable `exp`, `dot`, `sum_exp`.
 //!
+//! `dropout_matmul.rs` is LoRA's `(x * mask) A^T` with the mask drawn again
+//! in the backward pass instead of kept.
+//!
 //! `quant_matmul.rs` is QLoRA's frozen linear layer: `x W^T` and its input
 //! gradient with `W` in GGUF blocks, dequantised a tile at a time.
 //!
@@ -18,6 +21,7 @@
 
 mod attention;
 mod cross_entropy;
+pub mod dropout_matmul;
 mod host_op;
 pub mod quant_matmul;
 mod rms_norm;

@@ -33,7 +33,10 @@ impl<'a> Linear<'a> {
 
     /// `x W^T (+ the adapter's update)`: `[N, C] -> [N, O]`.
     pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
-        let update = self.adapter.map(|adapter| adapter.forward(x.clone()));
+        let update = match self.adapter {
+            Some(adapter) => Some(adapter.forward(x.clone())?),
+            None => None,
+        };
         let base = match self.quantized {
             // The fused dequantise-and-multiply kernel is the CPU's; a GPU
             // multiplies the dequantised weight.

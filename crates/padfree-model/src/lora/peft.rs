@@ -172,7 +172,7 @@ mod tests {
 
     #[test]
     fn unsupported_settings_are_refused_by_field() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("test setup");
         let write = |extra: &str| {
             std::fs::write(
                 dir.path().join(ADAPTER_CONFIG),
@@ -180,23 +180,26 @@ mod tests {
                     r#"{{"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]{extra}}}"#
                 ),
             )
-            .unwrap();
+            .expect("test setup");
         };
         write("");
-        let (config, base) = read_config(dir.path()).unwrap();
+        let (config, base) = read_config(dir.path()).expect("test setup");
         assert_eq!(config.targets, vec![LoraTarget::QProj, LoraTarget::VProj]);
         assert_eq!(
             (config.r, config.alpha, config.dropout, base),
             (8, 16.0, 0.0, None)
         );
         write(r#", "use_dora": true"#);
-        let err = read_config(dir.path()).unwrap_err().to_string();
+        let err = read_config(dir.path()).expect_err("refused").to_string();
         assert!(err.contains("`use_dora`"), "{err}");
         write(r#", "rank_pattern": {"q_proj": 4}"#);
-        let err = read_config(dir.path()).unwrap_err().to_string();
+        let err = read_config(dir.path()).expect_err("refused").to_string();
         assert!(err.contains("`rank_pattern`"), "{err}");
         write(r#", "target_modules": "all-linear""#);
         // A duplicate key: serde_json keeps the last one.
-        assert_eq!(read_config(dir.path()).unwrap().0.targets.len(), 7);
+        assert_eq!(
+            read_config(dir.path()).expect("test setup").0.targets.len(),
+            7
+        );
     }
 }

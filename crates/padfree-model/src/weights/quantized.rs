@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use super::gguf::{GgmlType, dequantize, dequantize_into};
 
 /// A frozen `[O, C]` weight in GGUF blocks, rows in HF order.
@@ -32,14 +34,14 @@ impl QuantMatrix {
     /// whole blocks or `data` is not `rows` rows.
     pub fn new(ggml_type: GgmlType, rows: usize, cols: usize, data: Vec<u8>) -> Option<Self> {
         let (block_values, block_bytes) = ggml_type.block();
-        (cols % block_values == 0 && data.len() == rows * cols / block_values * block_bytes).then(
-            || Self {
+        (cols.is_multiple_of(block_values)
+            && data.len() == rows * cols / block_values * block_bytes)
+            .then(|| Self {
                 ggml_type,
                 rows,
                 cols,
                 data: Arc::new(data),
-            },
-        )
+            })
     }
 
     /// `[O, C]`.
@@ -63,10 +65,15 @@ impl QuantMatrix {
     }
 
     /// Rows `start..start + count` as f32, into `out` (`count * C` values).
+    /// On rayon's threads, a few rows each.
     pub(crate) fn dequantize_rows(&self, start: usize, count: usize, out: &mut [f32]) {
         let row_bytes = self.row_bytes();
         let data = &self.data[start * row_bytes..(start + count) * row_bytes];
-        dequantize_into(self.ggml_type, data, &mut out[..count * self.cols]);
+        let rows_per_task = 8;
+        out[..count * self.cols]
+            .par_chunks_mut(rows_per_task * self.cols)
+            .zip(data.par_chunks(rows_per_task * row_bytes))
+            .for_each(|(out, data)| dequantize_into(self.ggml_type, data, out));
     }
 
     /// Every value as f32, row-major: for the oracle, for merging an adapter
