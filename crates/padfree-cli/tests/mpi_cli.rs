@@ -138,7 +138,12 @@ fn step_losses(dir: &Path) -> Vec<f64> {
 
 /// Every tensor of `model.safetensors` as f32 values, by name.
 fn weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(dir.join("model.safetensors")).expect("model");
+    tensors_of(&dir.join("model.safetensors"))
+}
+
+/// Every f32 tensor of a safetensors file, by name, sorted.
+fn tensors_of(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(path).expect("safetensors file");
     let file = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
     let mut tensors: Vec<(String, Vec<f32>)> = file
         .tensors()
@@ -496,24 +501,7 @@ fn lora_ranks_match_one_process() {
             step + 1
         );
     }
-    let adapters = |dir: &Path| {
-        let bytes = std::fs::read(dir.join("adapter_model.safetensors")).expect("adapters");
-        let file = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
-        let mut tensors: Vec<(String, Vec<f32>)> = file
-            .tensors()
-            .into_iter()
-            .map(|(name, view)| {
-                let values = view
-                    .data()
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect();
-                (name, values)
-            })
-            .collect();
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        tensors
-    };
+    let adapters = |dir: &Path| tensors_of(&dir.join("adapter_model.safetensors"));
     let (ours, theirs) = (adapters(&two), adapters(&one));
     assert_eq!(ours.len(), theirs.len());
     for ((name, a), (_, b)) in ours.iter().zip(&theirs) {

@@ -222,32 +222,12 @@ impl LlamaModel {
         Self {
             config: self.config.clone(),
             device: self.device.clone().inner(),
-            params: self
-                .params
-                .iter()
-                .map(|p| {
-                    Param::new(
-                        p.name().to_owned(),
-                        p.hf_shape().to_vec(),
-                        p.value.clone().inner(),
-                    )
-                })
-                .collect(),
+            params: off_the_graph(&self.params),
             layer_tensors: self.layer_tensors.clone(),
             attention_kernel: self.attention_kernel,
             lora: self.lora.as_ref().map(|lora| Lora {
                 config: lora.config.clone(),
-                params: lora
-                    .params
-                    .iter()
-                    .map(|p| {
-                        Param::new(
-                            p.name().to_owned(),
-                            p.hf_shape().to_vec(),
-                            p.value.clone().inner(),
-                        )
-                    })
-                    .collect(),
+                params: off_the_graph(&lora.params),
                 // No dropout where nothing trains.
                 dropout_seed: None,
                 base: lora.base.clone(),
@@ -574,6 +554,20 @@ impl LlamaModel {
         }
         Ok(())
     }
+}
+
+/// The same values without autodiff (memory shared, not copied).
+fn off_the_graph(params: &[Param]) -> Vec<Param> {
+    params
+        .iter()
+        .map(|p| {
+            Param::new(
+                p.name().to_owned(),
+                p.hf_shape().to_vec(),
+                p.value.clone().inner(),
+            )
+        })
+        .collect()
 }
 
 /// `[B, 1, L, L]`, true where query `i` of a row may not see key `j`: `j > i`

@@ -28,12 +28,18 @@ fn lora(targets: &[LoraTarget]) -> LoraConfig {
     }
 }
 
-/// The tiny model on the autodiff CPU device with adapters on `targets`,
-/// every `B` filled with N(0, 0.05) so the adapters change the outputs (a
-/// fresh `B` is zero, and with it `A`'s gradient).
+/// The tiny model on the autodiff CPU device with adapters on `targets`
+/// (see [`with_adapters`]).
 fn adapted(targets: &[LoraTarget], seed: u64) -> LlamaModel {
-    let device = cpu_device(true);
-    let base = LlamaModel::init(&LlamaConfig::tiny(), 7, &device).expect("valid config");
+    let base = LlamaModel::init(&LlamaConfig::tiny(), 7, &cpu_device(true)).expect("valid config");
+    with_adapters(base, targets, seed)
+}
+
+/// `base` with adapters on `targets`, every `B` filled with N(0, 0.05) so
+/// the adapters change the outputs (a fresh `B` is zero, and with it `A`'s
+/// gradient).
+fn with_adapters(base: LlamaModel, targets: &[LoraTarget], seed: u64) -> LlamaModel {
+    let device = base.device().clone();
     let mut model = base
         .with_lora(&lora(targets), seed, "tiny")
         .expect("valid lora");
@@ -360,24 +366,16 @@ fn a_base_kept_in_gguf_blocks_trains_as_its_dequantised_copy() {
         .join("../../fixtures/gguf/llama-tiny-q4.gguf");
     let file = GgufFile::open(&path).expect("fixture present");
     let device = cpu_device(true);
-    let with_adapters = |model: LlamaModel| {
-        let mut model = model
-            .with_lora(&lora(&LoraTarget::ALL), 6, "q4")
-            .expect("valid lora");
-        let mut rng = SplitMix64::new(6);
-        for param in model.trainable_mut() {
-            if param.name().contains("lora_B") {
-                let dims = param.value.dims();
-                let values = (0..dims[0] * dims[1])
-                    .map(|_| 0.05 * rng.standard_normal() as f32)
-                    .collect();
-                param.value = trainable(float_tensor(values, dims, &device));
-            }
-        }
-        model
-    };
-    let quantized = with_adapters(LlamaModel::from_gguf_quantized(&file, &device).expect("loads"));
-    let dense = with_adapters(LlamaModel::from_gguf_file(&file, &device).expect("loads"));
+    let quantized = with_adapters(
+        LlamaModel::from_gguf_quantized(&file, &device).expect("loads"),
+        &LoraTarget::ALL,
+        6,
+    );
+    let dense = with_adapters(
+        LlamaModel::from_gguf_file(&file, &device).expect("loads"),
+        &LoraTarget::ALL,
+        6,
+    );
     assert!(quantized.is_quantized() && !dense.is_quantized());
     assert!(
         quantized.weight_bytes() * 2 < dense.weight_bytes(),

@@ -158,6 +158,7 @@ pub(crate) fn read_quantized(
         })
 }
 
+/// The tensor info of `spec`, refused when missing or shaped otherwise.
 fn checked_info<'a>(
     file: &'a GgufFile,
     spec: &ParamSpec,
@@ -190,27 +191,9 @@ pub(crate) fn read_tensor(
     config: &LlamaConfig,
     spec: &ParamSpec,
 ) -> Result<Vec<f32>, ModelError> {
-    let name = &spec.gguf_name;
-    let hf_shape = spec.hf_shape.as_slice();
-    let info = file.tensors.get(name).ok_or_else(|| ModelError::Weights {
-        path: file.path().to_owned(),
-        tensor: name.clone(),
-        message: format!("is missing (needed for {})", spec.hf_name),
-        hint: "the GGUF file is not a complete Llama-architecture model",
-    })?;
-    if info.shape() != hf_shape {
-        return Err(ModelError::Weights {
-            path: file.path().to_owned(),
-            tensor: name.clone(),
-            message: format!(
-                "has shape {:?}, the metadata implies {hf_shape:?}",
-                info.shape()
-            ),
-            hint: "the GGUF metadata and tensors disagree; convert the model again",
-        });
-    }
-    let values = file.dequantize(name)?;
-    let cols = hf_shape.last().copied().unwrap_or(1);
+    checked_info(file, spec)?;
+    let values = file.dequantize(&spec.gguf_name)?;
+    let cols = spec.hf_shape.last().copied().unwrap_or(1);
     Ok(match spec.rope_rows {
         RopeRows::QueryHeads => unpermute_rows(&values, config.num_attention_heads, cols),
         RopeRows::KvHeads => unpermute_rows(&values, config.num_key_value_heads, cols),
