@@ -5,7 +5,10 @@ weights and settings that padfree exported, padded or with
     python bench/hf_peer/hf_peer.py --peer-dir runs/bench-.../peer --mode flattening --out result.json
 
 `padfree bench --peer-python PYTHON` runs it for both modes and prints the
-comparison; bench/hf_peer/setup.sh makes a virtual environment for it.
+comparison; bench/hf_peer/setup.sh makes a virtual environment for it. With
+`padfree bench --use-peft` the peer wraps the model in PEFT's `PeftModel`,
+loaded from the adapter files padfree exported (`settings.json`'s
+`adapter`), so both train the same adapters from the same start.
 """
 
 import argparse
@@ -63,6 +66,16 @@ class StepClock(TrainerCallback):
         self.times.append(time.perf_counter())
 
 
+def versions():
+    found = {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import peft
+        found["peft"] = peft.__version__
+    except ImportError:
+        pass
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer-dir", required=True)
@@ -87,6 +100,12 @@ def main():
     model = LlamaForCausalLM.from_pretrained(os.path.join(args.peer_dir, "model"), dtype=dtype,
                                              attn_implementation=args.attn)
     model.config.use_cache = False  # transformers detects packed rows only without a cache
+    adapter = settings.get("adapter")
+    if adapter:
+        # The adapters padfree starts from (PEFT's files it wrote), trained
+        # by PEFT on the frozen f32 base: same r, alpha, dropout and targets.
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, os.path.join(args.peer_dir, adapter), is_trainable=True)
     batch_size = settings["per_device_train_batch_size"]
     if any(len(b) != batch_size for b in batches):
         raise SystemExit("every exported batch must hold per_device_train_batch_size examples")
@@ -138,7 +157,7 @@ def main():
         "dtype": str(dtype),
         "final_loss": losses[-1],
         "step_losses": losses,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "versions": versions(),
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

@@ -6,5 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python3 -m venv .venv-peer
-.venv-peer/bin/pip install --quiet torch==2.15.0 transformers==5.24.0 safetensors accelerate==1.15.0
-.venv-peer/bin/python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+.venv-peer/bin/pip install --quiet torch==2.15.0 transformers==5.24.0 safetensors accelerate==1.15.0 peft==0.21.2
+.venv-peer/bin/python -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"

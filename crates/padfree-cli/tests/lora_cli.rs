@@ -252,3 +252,107 @@ fn smollm2_trains_lora_adapters_from_its_gguf() {
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
     assert!(losses[2] < losses[0], "the loss did not fall: {losses:?}");
 }
+
+/// `--gradient-checkpointing` (per-layer recomputation) with LoRA and
+/// dropout: the same losses as without (1e-5 relative: the same operations,
+/// a few sums in another order), said in the log and in the memory line,
+/// with a smaller activation estimate; and resuming a checkpointed run
+/// without the flag is allowed.
+#[test]
+fn lora_with_gradient_checkpointing_trains_as_without() {
+    let dir_guard = scratch("lora-gc");
+    let dir = dir_guard.path();
+    let data = random_ids(&dir.join("train.jsonl"), 40, 3);
+    let plain = dir.join("plain");
+    let plain_log = succeeds(&lora_args(&data, &plain));
+    let recomputed = dir.join("recomputed");
+    let mut args = lora_args(&data, &recomputed);
+    args.push("--gradient-checkpointing".into());
+    let log = succeeds(&args);
+    assert!(log.contains(", gradient checkpointing"), "{log}");
+    let activations = |log: &str| -> f64 {
+        let line = log
+            .lines()
+            .find(|l| l.starts_with("memory: about"))
+            .expect("memory line");
+        let at = line.find("activations ").expect("activations") + "activations ".len();
+        line[at..]
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("a number")
+    };
+    assert!(
+        activations(&log) <= activations(&plain_log),
+        "{log}\n{plain_log}"
+    );
+    let (a, b) = (losses(&recomputed), losses(&plain));
+    assert_eq!(a.len(), 8);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * y.abs(), "{a:?} vs {b:?}");
+    }
+    // The flag is not a setting of the run: a resume may drop it.
+    let mut resume = lora_args(&data, &recomputed);
+    resume.extend([
+        "--resume-from-checkpoint".to_owned(),
+        recomputed.join("checkpoint-4").display().to_string(),
+        "--overwrite-output-dir".to_owned(),
+    ]);
+    succeeds(&resume);
+}
+
+/// `padfree bench --use-peft`: the padfree rows train adapters (with
+/// per-layer checkpointing here), the report says so, and the HF peer's
+/// folder gets the f32 base, PEFT's files of the initial adapters and a
+/// settings entry naming them (the peer itself cannot start here: `false`
+/// is its Python, so the command fails after the padfree row).
+#[test]
+fn bench_trains_adapters_and_exports_them_for_peft() {
+    let dir_guard = scratch("lora-bench");
+    let dir = dir_guard.path();
+    let data = random_ids(&dir.join("train.jsonl"), 24, 5);
+    let out = dir.join("out");
+    let args: Vec<String> = [
+        "bench",
+        "--config",
+        "tiny",
+        "--data",
+        &data,
+        "--modes",
+        "varlen",
+        "--threads",
+        "1",
+        "--gradient-checkpointing",
+        "--peer-python",
+        "false",
+        "--output-dir",
+        &out.display().to_string(),
+    ]
+    .iter()
+    .chain(&common::QUICK_BENCH)
+    .chain(&common::LORA_FLAGS)
+    .map(|s| (*s).to_owned())
+    .collect();
+    let output = padfree(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!output.status.success(), "the stand-in peer cannot run");
+    let report = std::fs::read_to_string(out.join("bench.md")).expect("bench.md");
+    assert!(report.contains("Training: LoRA r 4"), "{report}");
+    assert!(
+        report.contains("per-layer gradient checkpointing"),
+        "{report}"
+    );
+    assert!(report.contains("metadata from the collator"), "{report}");
+    let peer = out.join("peer");
+    for file in [
+        "adapter/adapter_model.safetensors",
+        "adapter/adapter_config.json",
+    ] {
+        assert!(peer.join(file).is_file(), "{file} missing");
+    }
+    assert!(peer.join("model/model.safetensors").is_file());
+    let settings: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(peer.join("settings.json")).expect("settings"),
+    )
+    .expect("json");
+    assert_eq!(settings["adapter"], "adapter");
+}

@@ -415,17 +415,9 @@ fn bench_compares_ranks_with_one_process_on_the_same_bins() {
             &data,
             "--modes",
             "varlen-multipack,varlen-multipack-2ranks",
-            "--max-steps",
-            "2",
-            "--timing-warmup-steps",
-            "1",
-            "--per-device-train-batch-size",
-            "4",
-            "--threads",
-            "2",
-            "--output-dir",
-            &out.display().to_string(),
         ])
+        .args(common::QUICK_BENCH)
+        .args(["--threads", "2", "--output-dir", &out.display().to_string()])
         .env("OMPI_MCA_btl", "self,vader")
         .env("OMPI_MCA_oob_tcp_if_include", "lo")
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -452,23 +452,9 @@ fn bench(name: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf, std::proces
     let (config, data) = tiny_model_and_data(dir, 24);
     let out = dir.join("out");
     let (data, out_arg) = (data.display().to_string(), out.display().to_string());
-    let mut args = vec![
-        "bench",
-        "--config",
-        &config,
-        "--data",
-        &data,
-        "--max-steps",
-        "2",
-        "--timing-warmup-steps",
-        "1",
-        "--per-device-train-batch-size",
-        "4",
-        "--threads",
-        "1",
-        "--output-dir",
-        &out_arg,
-    ];
+    let mut args = vec!["bench", "--config", &config, "--data", &data];
+    args.extend(common::QUICK_BENCH);
+    args.extend(["--threads", "1", "--output-dir", &out_arg]);
     args.extend_from_slice(extra);
     let output = padfree(&args);
     (dir_guard, out, output)

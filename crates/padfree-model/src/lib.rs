@@ -10,6 +10,7 @@
 //!
 //! # Map
 //! - `model.rs`: [`LlamaModel`] (parameters, forward, fused loss, load/save);
+//!   `model/checkpointing.rs`: per-layer gradient checkpointing;
 //!   `input.rs`: [`ModelInput`]; `loss.rs`: [`LossSum`], [`LabelRows`] and the
 //!   oracle loss [`causal_lm_loss`]; `config.rs`: [`LlamaConfig`] and presets.
 //! - [`layers`]: embedding, decoder layer, attention (strategy dispatch),
@@ -58,7 +59,7 @@ pub use kernels::CausalMasks;
 pub use layers::{AttentionKernel, AttentionLayout, PaddedAttention};
 pub use lora::peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir};
 pub use lora::{LoraConfig, LoraTarget};
-pub use loss::{LabelRows, LossSum, causal_lm_loss};
+pub use loss::{HEAD_CHUNK_BYTES, LabelRows, LossSum, causal_lm_loss};
 pub use model::LlamaModel;
 pub use weights::gguf;
 pub use weights::gguf::tokenizer_from_gguf;

@@ -2,7 +2,7 @@ use padfree_pack::IGNORE_INDEX;
 
 use crate::error::ModelError;
 use crate::kernels::{composed_cross_entropy_sum, cross_entropy_sum};
-use crate::tensor::{Device, Int, Tensor, int_tensor_nd};
+use crate::tensor::{Device, Int, IntoHostVec, Tensor, int_tensor_nd};
 
 /// The summed cross-entropy of a batch and the number of label tokens in it.
 ///
@@ -18,6 +18,16 @@ pub struct LossSum {
 }
 
 impl LossSum {
+    /// The sum's value on the host (NaN if it cannot be read).
+    pub fn value(&self) -> f32 {
+        self.sum
+            .clone()
+            .into_vec()
+            .first()
+            .copied()
+            .unwrap_or(f32::NAN)
+    }
+
     /// The mean over this batch alone; for reporting.
     pub fn mean(&self) -> Tensor<1> {
         self.sum.clone().div_scalar(self.num_tokens.max(1) as f64)
@@ -45,6 +55,10 @@ pub fn causal_lm_loss(logits: Tensor<2>, targets: &[i64]) -> Result<LossSum, Mod
         num_tokens: labels.len(),
     })
 }
+
+/// The most logits (4 bytes each) one chunk of the LM head computes at once
+/// under gradient checkpointing (`model/checkpointing.rs`).
+pub const HEAD_CHUNK_BYTES: usize = 64 << 20;
 
 /// The rows of a batch that carry a label, and those labels.
 ///
@@ -91,6 +105,19 @@ impl LabelRows {
     /// True when no row has a label.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
+    }
+
+    /// The labels in runs of at most `rows` (at least 1), in order.
+    pub(crate) fn chunks(&self, rows: usize) -> Vec<LabelRows> {
+        let rows = rows.max(1);
+        self.rows
+            .chunks(rows)
+            .zip(self.targets.chunks(rows))
+            .map(|(r, t)| LabelRows {
+                rows: r.to_vec(),
+                targets: t.to_vec(),
+            })
+            .collect()
     }
 
     /// `[K]` indices of the labelled rows.

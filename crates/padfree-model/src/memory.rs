@@ -12,7 +12,11 @@
 //! also `o_proj`'s input), gate, up and their product (`3I`), and per LoRA
 //! adapter its two `r`-wide products. The LM head keeps the hidden state and
 //! the logits of the labelled rows only (`2 x V` per label, with the
-//! softmax's gradient). Figures measured against it are in
+//! softmax's gradient). With per-layer gradient checkpointing
+//! (`model/checkpointing.rs`) the step keeps each layer's input (`C` per
+//! token and layer, `L + 1` of them), one layer's activations and the
+//! upstream gradient at a time, and the head's logits of one chunk of
+//! labelled rows. Figures measured against it are in
 //! docs/benchmarks/2026-12-01-lora.md.
 //!
 //! # Shapes
@@ -53,13 +57,15 @@ pub fn activation_floats_per_token_layer(config: &LlamaConfig, lora: Option<&Lor
 /// The estimate for training `config` on micro-batches of at most `tokens`
 /// tokens (pads included) of which at most `label_tokens` carry a label.
 /// `weight_bytes`: the weights as they will be held (4 bytes a value, or
-/// the GGUF blocks of a quantized base).
+/// the GGUF blocks of a quantized base). `checkpointing`: per-layer
+/// gradient checkpointing.
 pub fn training_memory(
     config: &LlamaConfig,
     weight_bytes: u64,
     lora: Option<&LoraConfig>,
     tokens: usize,
     label_tokens: usize,
+    checkpointing: bool,
 ) -> MemoryEstimate {
     let trained = match lora {
         Some(lora) => lora.num_parameters(config),
@@ -67,12 +73,28 @@ pub fn training_memory(
     } as u64;
     let per_token = activation_floats_per_token_layer(config, lora);
     let layers = config.num_hidden_layers as u64;
-    let head = label_tokens as u64 * (2 * config.vocab_size as u64 + config.hidden_size as u64);
+    let (vocab, hidden, tokens) = (
+        config.vocab_size as u64,
+        config.hidden_size as u64,
+        tokens as u64,
+    );
+    let head = |rows: u64| rows * (2 * vocab + hidden);
     let lora_values = if lora.is_some() { 4 * trained } else { 0 };
+    let floats = if checkpointing {
+        let chunk = (crate::loss::HEAD_CHUNK_BYTES as u64 / (4 * vocab.max(1))).max(1);
+        // Inputs of every layer and the final norm, one layer's activations,
+        // the upstream gradient, one chunk of the head.
+        tokens * (layers + 1) * hidden
+            + tokens * per_token
+            + tokens * hidden
+            + head(chunk.min(label_tokens as u64))
+    } else {
+        tokens * layers * per_token + head(label_tokens as u64)
+    };
     MemoryEstimate {
         weights: weight_bytes + lora_values,
         training_state: 16 * trained,
-        activations: 4 * (tokens as u64 * layers * per_token + head),
+        activations: 4 * floats,
     }
 }
 
@@ -90,6 +112,7 @@ mod tests {
             None,
             2048,
             1024,
+            false,
         );
         let lora = LoraConfig {
             targets: LoraTarget::ALL.to_vec(),
@@ -101,11 +124,32 @@ mod tests {
             Some(&lora),
             2048,
             1024,
+            false,
         );
         assert_eq!(full.training_state, 16 * config.num_parameters() as u64);
         assert!(adapted.training_state * 20 < full.training_state);
         // The adapters' products are a few percent of a layer's activations.
         assert!(adapted.activations > full.activations);
         assert!(adapted.activations < full.activations + full.activations / 10);
+    }
+
+    #[test]
+    fn checkpointing_keeps_activations_from_growing_with_depth() {
+        let config = LlamaConfig::medium();
+        let estimate = |layers: usize, checkpointing: bool| {
+            let config = LlamaConfig {
+                num_hidden_layers: layers,
+                ..config.clone()
+            };
+            training_memory(&config, 0, None, 2048, 1024, checkpointing).activations
+        };
+        let (kept, recomputed) = (estimate(24, false), estimate(24, true));
+        assert!(recomputed * 4 < kept, "{recomputed} vs {kept}");
+        // Deeper: the kept activations grow by a layer's worth per layer,
+        // the recomputed ones by one `[T, C]` state.
+        let per_layer_kept = estimate(25, false) - kept;
+        let per_layer_recomputed = estimate(25, true) - recomputed;
+        assert_eq!(per_layer_recomputed, 4 * 2048 * config.hidden_size as u64);
+        assert!(per_layer_recomputed * 10 < per_layer_kept);
     }
 }

@@ -22,10 +22,12 @@ use crate::tensor::{
 use crate::weights::gguf::GgufFile;
 use crate::weights::gguf::llama as gguf_llama;
 use crate::weights::quantized::QuantMatrix;
-use crate::weights::safetensors::{WeightFiles, write_hf_dir};
+use crate::weights::safetensors::{Held, WeightFiles, read_frozen, write_hf_dir};
 use crate::weights::table::{
     Init, LayerTensor, Param, ParamSpec, index, layer_tensors, param_specs,
 };
+
+mod checkpointing;
 
 /// A Llama-family causal language model (`LlamaForCausalLM`).
 #[derive(Debug, Clone)]
@@ -88,6 +90,32 @@ impl LlamaModel {
         Self::build(config, device, |spec| checkpoint.read(spec))
     }
 
+    /// Loads a Hugging Face model directory as a frozen LoRA base: the seven
+    /// projections of every decoder layer that the files hold in F16 or BF16
+    /// stay in those 2 bytes a weight (multiplied by the fused kernel on the
+    /// CPU, like GGUF blocks), everything else (F32 projections, embedding,
+    /// norms, LM head) in f32. Train it only with adapters.
+    pub fn from_hf_dir_frozen(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+        let config = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
+        config.validate()?;
+        let projections = projection_names(&config);
+        let mut held = read_frozen(dir, &param_specs(&config), |spec| {
+            projections.contains(&spec.hf_name)
+        })?;
+        let mut model =
+            Self::build_loaded(&config, device, |spec| match held.remove(&spec.hf_name) {
+                Some(Held::Half(half)) => Ok(Loaded::Quantized(half)),
+                Some(Held::F32(values)) => Ok(Loaded::Dense(values)),
+                None => Err(ModelError::Config {
+                    field: "weights",
+                    message: format!("{} was read twice", spec.hf_name),
+                    hint: "this is a bug in padfree; please report it",
+                }),
+            })?;
+        model.freeze();
+        Ok(model)
+    }
+
     /// Loads a Llama-architecture GGUF file, dequantizing every tensor to f32.
     pub fn from_gguf(path: &Path, device: &Device) -> Result<Self, ModelError> {
         Self::from_gguf_file(&GgufFile::open(path)?, device)
@@ -122,11 +150,7 @@ impl LlamaModel {
     /// refuses a quantized model without them.
     pub fn from_gguf_quantized(file: &GgufFile, device: &Device) -> Result<Self, ModelError> {
         let config = LlamaConfig::from_gguf(file)?;
-        let projections: Vec<String> = (0..config.num_hidden_layers)
-            .flat_map(|layer| {
-                LoraTarget::ALL.map(|t| format!("model.layers.{layer}.{}.weight", t.hf_path()))
-            })
-            .collect();
+        let projections = projection_names(&config);
         let mut model = Self::build_loaded(&config, device, |spec| {
             if projections.contains(&spec.hf_name)
                 && let Some(quantized) = gguf_llama::read_quantized(file, &config, spec)?
@@ -135,11 +159,15 @@ impl LlamaModel {
             }
             Ok(Loaded::Dense(gguf_llama::read_tensor(file, &config, spec)?))
         })?;
-        // Frozen from the start: nothing of the base trains with adapters.
-        for param in &mut model.params {
+        model.freeze();
+        Ok(model)
+    }
+
+    /// Frozen from the start: nothing of a base held in blocks trains.
+    fn freeze(&mut self) {
+        for param in &mut self.params {
             param.value = frozen(param.value.clone());
         }
-        Ok(model)
     }
 
     /// Bytes of the weights as held: f32 values, and GGUF blocks for the
@@ -219,6 +247,13 @@ impl LlamaModel {
     /// demo's 25 eval batches then held 2.2 GB. The weights' memory is
     /// shared, not copied.
     pub fn without_autodiff(&self) -> Self {
+        // No dropout where nothing trains.
+        self.off_graph(None)
+    }
+
+    /// The same weights off the autodiff graph, drawing the dropout masks
+    /// of `dropout_seed`.
+    fn off_graph(&self, dropout_seed: Option<u64>) -> Self {
         Self {
             config: self.config.clone(),
             device: self.device.clone().inner(),
@@ -228,8 +263,7 @@ impl LlamaModel {
             lora: self.lora.as_ref().map(|lora| Lora {
                 config: lora.config.clone(),
                 params: off_the_graph(&lora.params),
-                // No dropout where nothing trains.
-                dropout_seed: None,
+                dropout_seed,
                 base: lora.base.clone(),
             }),
             quantized: self.quantized.clone(),
@@ -466,6 +500,39 @@ impl LlamaModel {
         input: &ModelInput<'_>,
         mut visit: impl FnMut(Tensor<2>),
     ) -> Result<Tensor<2>, ModelError> {
+        self.with_layout(input, |rope, layout| {
+            let mut x = self.embed(input);
+            visit(x.clone());
+            for layer in 0..self.config.num_hidden_layers {
+                x = self.layer(layer)?.forward(x, rope, layout)?;
+                visit(x.clone());
+            }
+            self.final_norm().forward(x)
+        })
+    }
+
+    /// `[N, C]`: the embedding of every token of the batch.
+    fn embed(&self, input: &ModelInput<'_>) -> Tensor<2> {
+        Embedding::new(&self.params[index::EMBEDDING])
+            .forward(int_tensor(input.input_ids(), &self.device))
+    }
+
+    /// The norm after the last decoder layer.
+    fn final_norm(&self) -> RmsNorm<'_> {
+        let layers = self.config.num_hidden_layers;
+        RmsNorm::new(
+            &self.params[index::final_norm(layers, self.layer_tensors.len())],
+            self.config.rms_norm_eps,
+        )
+    }
+
+    /// Checks `input` and runs `f` with the rotary tables and the attention
+    /// layout of the batch, built once on this model's device for all layers.
+    fn with_layout<R>(
+        &self,
+        input: &ModelInput<'_>,
+        f: impl FnOnce(&Rope, &AttentionLayout<'_>) -> Result<R, ModelError>,
+    ) -> Result<R, ModelError> {
         self.check_input(input)?;
         let rope = Rope::new(
             input.rows().position_ids(),
@@ -517,19 +584,7 @@ impl LlamaModel {
                 }
             }
         };
-        let mut x = Embedding::new(&self.params[index::EMBEDDING])
-            .forward(int_tensor(input.input_ids(), &self.device));
-        visit(x.clone());
-        for layer in 0..self.config.num_hidden_layers {
-            x = self.layer(layer)?.forward(x, &rope, &layout)?;
-            visit(x.clone());
-        }
-        let layers = self.config.num_hidden_layers;
-        RmsNorm::new(
-            &self.params[index::final_norm(layers, self.layer_tensors.len())],
-            self.config.rms_norm_eps,
-        )
-        .forward(x)
+        f(&rope, &layout)
     }
 
     fn check_input(&self, input: &ModelInput<'_>) -> Result<(), ModelError> {
@@ -554,6 +609,16 @@ impl LlamaModel {
         }
         Ok(())
     }
+}
+
+/// HF names of the seven projections of every decoder layer: what a
+/// frozen base may hold in blocks.
+fn projection_names(config: &LlamaConfig) -> std::collections::HashSet<String> {
+    (0..config.num_hidden_layers)
+        .flat_map(|layer| {
+            LoraTarget::ALL.map(|t| format!("model.layers.{layer}.{}.weight", t.hf_path()))
+        })
+        .collect()
 }
 
 /// The same values without autodiff (memory shared, not copied).

@@ -224,3 +224,93 @@ fn token_ids_outside_the_vocabulary_are_refused() {
         other => panic!("expected an out-of-vocabulary error, got {other:?}"),
     }
 }
+
+/// A LoRA base in F16 or BF16 files, one file or two shards, held in its
+/// 2-byte values (`from_hf_dir_frozen`): half the bytes of the projections,
+/// and the logits and adapter gradients of the same files read to f32
+/// (1e-5 absolute on O(1) logits, 1e-4 of each gradient's largest plus
+/// 1e-7: the same f32 products summed in gemm's order vs burn's).
+#[test]
+fn a_16_bit_lora_base_stays_16_bit_and_trains_as_its_f32_copy() {
+    use padfree_model::tensor::{IntoHostVec, backward, grad};
+    use padfree_model::{LoraConfig, LoraTarget};
+    let config = LlamaConfig::tiny();
+    let model = LlamaModel::init(&config, 8, &cpu_device(false)).expect("valid config");
+    let tensors = tensors_of(&model);
+    let lora = LoraConfig {
+        r: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: LoraTarget::ALL.to_vec(),
+    };
+    let batch = common::examples(&[6, 11, 3], 128, 5);
+    let packed = flatten(&batch).expect("flattens");
+    let input = ModelInput::Varlen(&packed);
+    for (dtype, shards) in [(Dtype::BF16, 1), (Dtype::F16, 2)] {
+        let dir_guard = temp_dir(&format!("frozen-{dtype:?}"));
+        let dir = dir_guard.path();
+        model.save_hf_dir(dir).expect("saves the config");
+        std::fs::remove_file(dir.join("model.safetensors")).expect("removes");
+        if shards == 1 {
+            write_file(&dir.join("model.safetensors"), &tensors, dtype);
+        } else {
+            let (first, second) = tensors.split_at(tensors.len() / 2);
+            let mut weight_map = serde_json::Map::new();
+            for (name, part) in [("a.safetensors", first), ("b.safetensors", second)] {
+                write_file(&dir.join(name), part, dtype);
+                for t in part {
+                    weight_map.insert(t.0.clone(), name.into());
+                }
+            }
+            let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+            std::fs::write(dir.join("model.safetensors.index.json"), index.to_string())
+                .expect("writes");
+        }
+        let device = cpu_device(true);
+        let adapt = |base: LlamaModel| {
+            let mut adapted = base.with_lora(&lora, 3, "tiny").expect("valid lora");
+            // Non-zero B, so that A has a gradient too.
+            for param in adapted.trainable_mut() {
+                if param.name().contains("lora_B") {
+                    param.value = padfree_model::tensor::trainable(
+                        param.value.clone().inner().add_scalar(0.02).autodiff(),
+                    );
+                }
+            }
+            adapted
+        };
+        let half = adapt(LlamaModel::from_hf_dir_frozen(dir, &device).expect("loads 16-bit"));
+        let dense = adapt(LlamaModel::from_hf_dir(dir, &device).expect("loads f32"));
+        assert!(half.is_quantized() && !dense.is_quantized(), "{dtype:?}");
+        let (held, f32_bytes) = (half.weight_bytes(), dense.weight_bytes());
+        let projection_values: usize = tensors
+            .iter()
+            .filter(|t| t.0.contains("_proj"))
+            .map(|t| t.2.len())
+            .sum();
+        assert_eq!(
+            f32_bytes - held,
+            2 * projection_values,
+            "{dtype:?}: bytes held"
+        );
+        let logits = |m: &LlamaModel| host(m.forward(&input).expect("forward"));
+        common::assert_close(
+            &format!("{dtype:?} logits"),
+            &logits(&half),
+            &logits(&dense),
+            1e-5,
+            0.0,
+        );
+        let grads = |m: &LlamaModel| {
+            let loss = m.loss_sum(&input).expect("loss");
+            let g = backward(&loss.sum);
+            m.trainable()
+                .iter()
+                .map(|p| grad(&p.value, &g).expect("adapter gradient").into_vec())
+                .collect::<Vec<_>>()
+        };
+        for (a, b) in grads(&half).iter().zip(grads(&dense)) {
+            common::assert_close(&format!("{dtype:?} adapter gradient"), a, &b, 1e-7, 1e-4);
+        }
+    }
+}

@@ -9,7 +9,6 @@
 use std::time::Instant;
 
 use padfree_model::LlamaModel;
-use padfree_model::tensor::IntoHostVec;
 use padfree_pack::Example;
 
 use crate::collate::Collated;
@@ -192,7 +191,7 @@ fn loss_sum(
     let collated = Collated::new(batch, attention)?;
     let input = collated.input();
     let loss = model.loss_sum(&input)?;
-    let value = loss.sum.into_vec().first().copied().unwrap_or(f32::NAN);
+    let value = loss.value();
     Ok((f64::from(value), loss.num_tokens))
 }
 

@@ -2,7 +2,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use padfree_model::LlamaModel;
-use padfree_model::tensor::{IntoHostVec, Tensor, backward, float_tensor, grad, trainable};
+use padfree_model::tensor::{
+    Gradients, IntoHostVec, Tensor, backward, float_tensor, grad, trainable,
+};
 use padfree_pack::Example;
 
 use crate::best_model::BestModel;
@@ -81,9 +83,25 @@ pub struct Trainer {
     /// Told to the observer when training starts.
     notes: Vec<String>,
     comm: Box<dyn Communicator>,
+    /// Per-layer recomputation in the backward pass (`--gradient-checkpointing`).
+    /// Not a setting of the run: it changes memory, not the result (beyond
+    /// the order of a few f32 sums), so a resume may turn it on or off.
+    gradient_checkpointing: bool,
 }
 
 impl Trainer {
+    /// Recompute each decoder layer in the backward pass instead of keeping
+    /// its activations (`LlamaModel::loss_backward_checkpointed`): activation
+    /// memory no longer grows with depth, for about a third more compute.
+    pub fn set_gradient_checkpointing(&mut self, on: bool) {
+        self.gradient_checkpointing = on;
+    }
+
+    /// Whether [`Self::set_gradient_checkpointing`] is on.
+    pub fn gradient_checkpointing(&self) -> bool {
+        self.gradient_checkpointing
+    }
+
     /// A fresh run in one process. `model` must live on an autodiff device;
     /// `artifacts` (e.g. tokenizer files) are written beside every saved model.
     pub fn new(
@@ -243,6 +261,7 @@ impl Trainer {
             run_id: new_run_id(),
             notes: Vec::new(),
             comm,
+            gradient_checkpointing: false,
         })
     }
 
@@ -982,21 +1001,29 @@ impl Trainer {
         let collated = Collated::new(batch, self.config.attention)?;
         let input = collated.input();
         let fed_tokens = input.input_ids().len();
-        let loss = self.model.loss_sum(&input)?;
-        let loss_sum = loss
-            .sum
-            .clone()
-            .into_vec()
-            .first()
-            .copied()
-            .unwrap_or(f32::NAN);
-        let scaled = loss.sum.div_scalar(window_label_tokens as f64);
-        let gradients = backward(&scaled);
-        for (index, param) in self.model.trainable().into_iter().enumerate() {
-            if let Some(g) = grad(&param.value, &gradients) {
-                grads.add(index, g);
+        let trainable = self.model.trainable();
+        // Every trained tensor's part of the gradient, added to its sum.
+        let mut take = |gradients: &Gradients| {
+            for (index, param) in trainable.iter().enumerate() {
+                if let Some(g) = grad(&param.value, gradients) {
+                    grads.add(index, g);
+                }
             }
-        }
+        };
+        let divisor = window_label_tokens as f64;
+        let loss_sum = if self.gradient_checkpointing {
+            self.model.loss_backward_checkpointed(
+                &input,
+                divisor,
+                self.model.head_chunk_rows(),
+                take,
+            )?
+        } else {
+            let loss = self.model.loss_sum(&input)?;
+            let value = loss.value();
+            take(&backward(&loss.sum.div_scalar(divisor)));
+            value
+        };
         Ok(Pass {
             loss_sum: f64::from(loss_sum),
             fed_tokens,

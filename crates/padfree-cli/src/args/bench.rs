@@ -144,6 +144,13 @@ pub struct BenchArgs {
     /// initial weights, settings and threads.
     #[arg(long)]
     pub peer_python: Option<PathBuf>,
+    /// LoRA adapters in every padfree mode (QLoRA on a GGUF model's blocks),
+    /// and in the HF peer through PEFT, starting from the same adapters.
+    #[command(flatten)]
+    pub lora: super::LoraArgs,
+    /// Per-layer gradient checkpointing in every padfree mode.
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// Internal: run one mode in this process and write its result here.
     #[arg(long, hide = true, requires = "child_result", value_parser = bench_mode)]
     pub child_mode: Option<BenchMode>,
@@ -195,6 +202,9 @@ pub struct BenchJob {
     pub repeats: u32,
     pub peer: Option<Peer>,
     pub child: Option<Child>,
+    /// `--use-peft` and its settings.
+    pub lora: Option<padfree_model::LoraConfig>,
+    pub gradient_checkpointing: bool,
 }
 
 /// `1st`, `2nd`, `3rd`, `4th`, ...
@@ -256,6 +266,8 @@ impl BenchArgs {
             );
         }
         let job = BenchJob {
+            lora: self.lora.validate()?,
+            gradient_checkpointing: self.gradient_checkpointing,
             threads,
             multipack_bins_per_step: bins_per_step,
             mpirun: self.mpirun,
@@ -330,6 +342,7 @@ impl BenchJob {
             seed: self.seed,
             logging_steps: usize::MAX,
             save_strategy: SaveStrategy::No,
+            lora: self.lora.clone(),
             ..TrainConfig::default()
         };
         train.validate()?;
@@ -348,7 +361,7 @@ impl BenchJob {
             use_chat_template: false,
             max_seq_len: self.max_seq_len,
             overlong: Overlong::Truncate,
-            gradient_checkpointing: false,
+            gradient_checkpointing: self.gradient_checkpointing,
             merge_adapter: false,
             dequantize_base: false,
             device: self.device,

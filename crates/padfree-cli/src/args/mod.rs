@@ -6,6 +6,7 @@
 mod bench;
 mod check;
 mod lengths;
+mod lora;
 mod pack;
 mod train;
 
@@ -13,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 pub use bench::{BenchArgs, BenchJob, BenchMode, Peer};
 pub use check::{CheckArgs, CheckJob};
+pub use lora::LoraArgs;
 pub use pack::{PackArgs, PackJob};
 pub use train::{ModelSource, TrainArgs, TrainJob, is_gguf};
 

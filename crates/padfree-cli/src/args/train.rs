@@ -7,7 +7,8 @@ use anyhow::bail;
 use clap::ValueEnum;
 use padfree_data::{FieldNames, Overlong};
 use padfree_model::device::DeviceChoice;
-use padfree_model::{LoraConfig, LoraTarget};
+
+use super::LoraArgs;
 use padfree_train::{
     AttentionMode, BalanceBy, Batching, EvalSettings, EvalStrategy, Multipack, Packer,
     SaveStrategy, SchedulerKind, TrainConfig, Warmup,
@@ -143,34 +144,19 @@ pub struct TrainArgs {
     /// Attention strategy (default: varlen when padding-free, else padded).
     #[arg(long, value_parser = attention_mode())]
     pub attention: Option<AttentionMode>,
-    /// Recompute memory-bound activations in the backward pass instead of
-    /// keeping them (burn's balanced gradient checkpointing).
+    /// Keep only each decoder layer's input and recompute the layer in the
+    /// backward pass (torch's per-layer checkpointing): activation memory
+    /// stops growing with depth, for about a third more compute.
     #[arg(long)]
     pub gradient_checkpointing: bool,
-    /// Train LoRA adapters (TRL's flag): the model's weights are frozen, and
-    /// checkpoints and the final output hold PEFT's adapter files.
-    #[arg(long)]
-    pub use_peft: bool,
-    /// LoRA rank.
-    #[arg(long, default_value_t = 16, requires = "use_peft")]
-    pub lora_r: usize,
-    /// LoRA alpha; the update is scaled by alpha / r.
-    #[arg(long, default_value_t = 32.0, requires = "use_peft")]
-    pub lora_alpha: f64,
-    /// Dropout on the adapters' inputs while training.
-    #[arg(long, default_value_t = 0.05, requires = "use_peft")]
-    pub lora_dropout: f64,
-    /// The layers that get adapters: module names separated by commas
-    /// (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or
-    /// all-linear [default: q_proj,v_proj, PEFT's for Llama].
-    #[arg(long, requires = "use_peft")]
-    pub lora_target_modules: Option<String>,
+    #[command(flatten)]
+    pub lora: LoraArgs,
     /// Also write the model with the adapters merged into its weights (HF
     /// format) to OUTPUT_DIR/merged when training ends.
     #[arg(long, requires = "use_peft")]
     pub merge_adapter: bool,
-    /// With a GGUF model: hold the frozen base in f32 instead of its GGUF
-    /// blocks (QLoRA, the default with --use-peft on the CPU).
+    /// Hold the frozen base in f32 instead of its GGUF blocks or 16-bit
+    /// safetensors values (QLoRA, the default with --use-peft on the CPU).
     #[arg(long, requires = "use_peft")]
     pub dequantize_base: bool,
     /// Where the model trains: cpu, or a GPU (vulkan, wgpu, metal, dx12;
@@ -452,20 +438,7 @@ impl TrainArgs {
             (Some(steps), None) => Warmup::Steps(steps),
             (None, None) => Warmup::Steps(demo_usize(10, 0)),
         };
-        if self.use_peft {
-            if self.lora_r == 0 {
-                bail!("--lora-r must be at least 1\nHINT: 8 to 64 is usual; 16 is TRL's default");
-            }
-            if !(0.0..1.0).contains(&self.lora_dropout) {
-                bail!(
-                    "--lora-dropout {} is not in [0, 1)\nHINT: 0.05 is TRL's default, 0 turns it off",
-                    self.lora_dropout
-                );
-            }
-            if !(self.lora_alpha.is_finite() && self.lora_alpha > 0.0) {
-                bail!("--lora-alpha must be positive\nHINT: twice --lora-r is usual (32 for r 16)");
-            }
-        }
+        let lora = self.lora.validate()?;
         let train = TrainConfig {
             attention,
             batching,
@@ -498,21 +471,7 @@ impl TrainArgs {
                 SaveStrategyArg::Epoch => SaveStrategy::Epoch,
             },
             save_total_limit: self.save_total_limit,
-            lora: self
-                .use_peft
-                .then(|| -> anyhow::Result<LoraConfig> {
-                    Ok(LoraConfig {
-                        r: self.lora_r,
-                        alpha: self.lora_alpha,
-                        dropout: self.lora_dropout,
-                        targets: match &self.lora_target_modules {
-                            Some(text) => LoraConfig::parse_targets(text)
-                                .map_err(|err| anyhow::anyhow!("--lora-target-modules: {err}"))?,
-                            None => LoraTarget::DEFAULT.to_vec(),
-                        },
-                    })
-                })
-                .transpose()?,
+            lora,
         };
         train.validate()?;
         let eval_strategy = match (self.eval_strategy, &self.eval_data, embedded_default) {

@@ -15,7 +15,7 @@ use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::gguf::GgufFile;
 use padfree_model::kernels::{self, kernel_bodies};
 use padfree_model::lora::peft::read_config as read_adapter_config;
-use padfree_model::tensor::{Device, cpu_device, cpu_device_with_checkpointing};
+use padfree_model::tensor::{Device, cpu_device};
 use padfree_model::{LlamaConfig, LlamaModel, LoraConfig, is_adapter_dir, tokenizer_from_gguf};
 use padfree_train::TrainError;
 
@@ -254,7 +254,6 @@ fn describe_model(job: &TrainJob) -> String {
 /// the body every kernel runs there.
 fn training_device(job: &TrainJob) -> anyhow::Result<Device> {
     let device = match job.device {
-        DeviceChoice::Cpu if job.gradient_checkpointing => cpu_device_with_checkpointing(),
         DeviceChoice::Cpu => cpu_device(true),
         choice => {
             let choice = match crate::ranks::local_rank() {
@@ -266,12 +265,7 @@ fn training_device(job: &TrainJob) -> anyhow::Result<Device> {
                 "device: {} = {}",
                 opened.choice, opened.description
             ));
-            let device = opened.device.autodiff();
-            if job.gradient_checkpointing {
-                device.gradient_checkpointing()
-            } else {
-                device
-            }
+            opened.device.autodiff()
         }
     };
     if job.device.is_gpu() {
@@ -389,8 +383,30 @@ fn load_base(
 ) -> anyhow::Result<LlamaModel> {
     let lora = job.train.lora.as_ref();
     Ok(match source {
+        // LoRA on a base in F16 or BF16 files: the projections stay in
+        // their 2 bytes a weight, multiplied by the CPU's fused kernel.
+        ModelSource::HfDir(dir)
+            if lora.is_some() && !job.dequantize_base && kernels::on_cpu(device) =>
+        {
+            let config = LlamaConfig::from_hf_file(&dir.join("config.json"))?;
+            let bytes = if declares_half(dir) { 2.0 } else { 4.0 };
+            check_memory(&config, lora, bytes)?;
+            let model = LlamaModel::from_hf_dir_frozen(dir, device)?;
+            if model.is_quantized() {
+                say!(
+                    "base: the decoder layers' projections kept in their 16-bit values and frozen: {:.1} MiB of weights held ({:.1} MiB in f32)",
+                    model.weight_bytes() as f64 / 1048576.0,
+                    4.0 * model.config().num_parameters() as f64 / 1048576.0
+                );
+            }
+            model
+        }
         ModelSource::HfDir(dir) => {
-            check_memory(&LlamaConfig::from_hf_file(&dir.join("config.json"))?, lora)?;
+            check_memory(
+                &LlamaConfig::from_hf_file(&dir.join("config.json"))?,
+                lora,
+                4.0,
+            )?;
             LlamaModel::from_hf_dir(dir, device)?
         }
         // QLoRA: adapters on a base kept in its GGUF blocks, multiplied by
@@ -414,20 +430,42 @@ fn load_base(
             if let Some(vocab) = preset_vocab {
                 config.vocab_size = vocab;
             }
-            check_memory(&config, lora)?;
+            check_memory(&config, lora, 4.0)?;
             LlamaModel::init(&config, job.train.seed, device)?
         }
     })
+}
+
+/// Whether `config.json` says the weights are 16-bit (transformers'
+/// `torch_dtype`, or `dtype` since transformers 5).
+fn declares_half(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .is_some_and(|config| {
+            ["torch_dtype", "dtype"].iter().any(|key| {
+                matches!(
+                    config.get(key).and_then(serde_json::Value::as_str),
+                    Some("bfloat16" | "float16")
+                )
+            })
+        })
 }
 
 /// Refuses, before allocating it, a model whose training state alone (f32
 /// weights, gradients and AdamW's two moments: 16 bytes a parameter; with
 /// LoRA, 4 bytes a frozen weight and 16 an adapter's) would not fit in this
 /// machine's memory, instead of an allocator abort later.
-fn check_memory(config: &LlamaConfig, lora: Option<&LoraConfig>) -> anyhow::Result<()> {
+/// `frozen_bytes`: bytes a frozen weight is held in (4, or 2 for a 16-bit base).
+fn check_memory(
+    config: &LlamaConfig,
+    lora: Option<&LoraConfig>,
+    frozen_bytes: f64,
+) -> anyhow::Result<()> {
     let needed = match lora {
         Some(lora) => {
-            4.0 * config.num_parameters() as f64 + 16.0 * lora.num_parameters(config) as f64
+            frozen_bytes * config.num_parameters() as f64
+                + 16.0 * lora.num_parameters(config) as f64
         }
         None => 16.0 * config.num_parameters() as f64,
     };

@@ -166,6 +166,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         ),
     }
     .map_err(|err| with_record(err, &source, &locations))?;
+    trainer.set_gradient_checkpointing(job.gradient_checkpointing);
     if let (Some(eval), Some(eval_dataset)) = (&job.eval, eval_dataset) {
         let eval = eval.settings;
         say!(
@@ -302,6 +303,7 @@ fn check_step_memory(
         model.lora_config(),
         tokens,
         label_tokens,
+        checkpointing,
     );
     let gib = |bytes: u64| bytes as f64 / 1073741824.0;
     say!(
@@ -311,7 +313,7 @@ fn check_step_memory(
         gib(estimate.training_state),
         gib(estimate.activations),
         if checkpointing {
-            "; gradient checkpointing keeps less"
+            ", gradient checkpointing"
         } else {
             ""
         }

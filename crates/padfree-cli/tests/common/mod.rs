@@ -117,3 +117,14 @@ pub const LORA_FLAGS: [&str; 7] = [
     "--lora-dropout",
     "0.1",
 ];
+
+/// The steps of a quick `padfree bench` in the CLI tests: 1 warm-up and 2
+/// timed steps of 4 examples.
+pub const QUICK_BENCH: [&str; 6] = [
+    "--max-steps",
+    "2",
+    "--timing-warmup-steps",
+    "1",
+    "--per-device-train-batch-size",
+    "4",
+];

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
+use super::gguf::GgmlType;
+use super::quantized::QuantMatrix;
 use super::table::ParamSpec;
 use crate::error::ModelError;
 
@@ -47,6 +49,57 @@ impl WeightFiles {
     pub(crate) fn parse(&self) -> Result<Checkpoint<'_>, ModelError> {
         Checkpoint::parse(&self.files)
     }
+}
+
+/// A tensor of a frozen base as held: f32, or its own F16/BF16 bytes.
+pub(crate) enum Held {
+    F32(Vec<f32>),
+    Half(QuantMatrix),
+}
+
+/// Every tensor of `specs` from the weight files of `dir`, one file in
+/// memory at a time (a frozen base's weights are held at 2 bytes, and the
+/// file being read comes on top of them, never all files at once). The
+/// matrices `keep_half` names stay in their bytes when the file has them in
+/// F16 or BF16; the rest become f32.
+pub(crate) fn read_frozen(
+    dir: &Path,
+    specs: &[ParamSpec],
+    keep_half: impl Fn(&ParamSpec) -> bool,
+) -> Result<HashMap<String, Held>, ModelError> {
+    const WRONG_CONFIG: &str =
+        "the checkpoint does not match config.json; use the config.json saved with these weights";
+    let paths = weight_files(dir)?;
+    let mut held = HashMap::with_capacity(specs.len());
+    for path in &paths {
+        let file = vec![(
+            path.clone(),
+            std::fs::read(path).map_err(|err| ModelError::io(path, err))?,
+        )];
+        let checkpoint = Checkpoint::parse(&file)?;
+        for spec in specs
+            .iter()
+            .filter(|s| checkpoint.location.contains_key(&s.hf_name))
+        {
+            let tensor = match keep_half(spec)
+                .then(|| checkpoint.read_half(spec))
+                .transpose()?
+            {
+                Some(Some(half)) => Held::Half(half),
+                _ => Held::F32(checkpoint.read(spec)?),
+            };
+            held.insert(spec.hf_name.clone(), tensor);
+        }
+    }
+    if let Some(spec) = specs.iter().find(|s| !held.contains_key(&s.hf_name)) {
+        return Err(ModelError::Weights {
+            path: paths.first().cloned().unwrap_or_default(),
+            tensor: spec.hf_name.clone(),
+            message: "is missing".to_owned(),
+            hint: WRONG_CONFIG,
+        });
+    }
+    Ok(held)
 }
 
 /// Every weight file of a checkpoint, parsed once, and which file holds which
@@ -99,29 +152,63 @@ impl<'a> Checkpoint<'a> {
         shape: &[usize],
         wrong_config: &'static str,
     ) -> Result<Vec<f32>, ModelError> {
-        let mismatch = |path: &Path, message: String, hint: &'static str| ModelError::Weights {
+        let (path, view) = self.view(name, shape, wrong_config)?;
+        to_f32(view.dtype(), view.data()).ok_or_else(|| ModelError::Weights {
+            path: path.to_owned(),
+            tensor: name.to_owned(),
+            message: format!("has dtype {:?}", view.dtype()),
+            hint: "padfree reads F32, F16 and BF16 weights; convert the checkpoint first",
+        })
+    }
+
+    /// The matrix of `spec` in its own 2-byte values when it is F16 or BF16
+    /// (a frozen LoRA base held at 2 bytes a weight), `None` for other dtypes.
+    fn read_half(&self, spec: &ParamSpec) -> Result<Option<QuantMatrix>, ModelError> {
+        const WRONG_CONFIG: &str = "the checkpoint does not match config.json; use the config.json saved with these weights";
+        let (path, view) = self.view(&spec.hf_name, &spec.hf_shape, WRONG_CONFIG)?;
+        let ggml_type = match view.dtype() {
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::Bf16,
+            _ => return Ok(None),
+        };
+        let [rows, cols] = spec.matrix_shape();
+        // Safetensors and GGUF both store them little-endian, row-major.
+        QuantMatrix::new(ggml_type, rows, cols, view.data().to_vec())
+            .map(Some)
+            .ok_or_else(|| ModelError::Weights {
+                path: path.to_owned(),
+                tensor: spec.hf_name.clone(),
+                message: format!(
+                    "holds {} bytes for {rows} x {cols} values",
+                    view.data().len()
+                ),
+                hint: "the file is damaged; download or save it again",
+            })
+    }
+
+    /// The file holding `name` and its view, checked against `shape`.
+    fn view(
+        &self,
+        name: &str,
+        shape: &[usize],
+        wrong_config: &'static str,
+    ) -> Result<(&'a Path, TensorView<'a>), ModelError> {
+        let mismatch = |path: &Path, message: String| ModelError::Weights {
             path: path.to_owned(),
             tensor: name.to_owned(),
             message,
-            hint,
+            hint: wrong_config,
         };
         let first = self.files.first().map_or(Path::new(""), |(path, _)| path);
-        let missing = |path: &Path| mismatch(path, "is missing".to_owned(), wrong_config);
+        let missing = |path: &Path| mismatch(path, "is missing".to_owned());
         let file_index = *self.location.get(name).ok_or_else(|| missing(first))?;
         let (path, tensors) = &self.files[file_index];
         let view = tensors.tensor(name).map_err(|_| missing(path))?;
         if view.shape() != shape {
             let message = format!("has shape {:?}, the config needs {shape:?}", view.shape());
-            return Err(mismatch(path, message, wrong_config));
+            return Err(mismatch(path, message));
         }
-        to_f32(view.dtype(), view.data()).ok_or_else(|| {
-            let message = format!("has dtype {:?}", view.dtype());
-            mismatch(
-                path,
-                message,
-                "padfree reads F32, F16 and BF16 weights; convert the checkpoint first",
-            )
-        })
+        Ok((path, view))
     }
 }
 

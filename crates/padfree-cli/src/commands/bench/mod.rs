@@ -84,6 +84,12 @@ impl BenchJob {
             args.push(flag.into());
             args.push(value);
         }
+        if let Some(lora) = &self.lora {
+            args.extend(crate::args::LoraArgs::flags(lora));
+        }
+        if self.gradient_checkpointing {
+            args.push("--gradient-checkpointing".into());
+        }
         args
     }
 }
@@ -344,6 +350,7 @@ fn timed_run(
         Vec::new(),
     )
     .map_err(|err| load::with_record(err, &source, &locations))?;
+    trainer.set_gradient_checkpointing(job.gradient_checkpointing);
     let (mut seconds, mut real, mut fed, mut samples) = (0.0, 0, 0, 0);
     let mut step_losses = Vec::new();
     for step in 0..trainer.plan().len() {

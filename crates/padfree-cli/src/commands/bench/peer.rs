@@ -55,7 +55,9 @@ pub(super) fn environment() -> anyhow::Result<PathBuf> {
 }
 
 /// Exports the initial weights, batches and settings every padfree mode
-/// trains with, for the HF peer; returns the folder.
+/// trains with, for the HF peer: `model/` (the base in f32), `adapter/`
+/// (PEFT's files of the initial adapters, with `--use-peft`),
+/// `batches.jsonl`, `settings.json`; returns the folder.
 pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathBuf> {
     let peer_dir = output_dir.join("peer");
     let job = args.train_job(BenchMode {
@@ -64,7 +66,12 @@ pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathB
         ranks: 1,
     })?;
     let loaded = load::load(&job)?;
+    // A GGUF base in f32, dequantised from its blocks: what HF trains on.
     loaded.model.save_hf_dir(&peer_dir.join("model"))?;
+    // The adapters every padfree mode starts from, for PEFT to load.
+    if args.lora.is_some() {
+        loaded.model.save_adapter(&peer_dir.join("adapter"))?;
+    }
     let examples = loaded.dataset.examples.clone();
     let trainer = Trainer::new(
         loaded.model,
@@ -89,6 +96,7 @@ pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathB
         "adam_beta1": c.adam_beta1, "adam_beta2": c.adam_beta2, "adam_epsilon": c.adam_epsilon,
         "max_grad_norm": c.max_grad_norm, "seed": c.seed, "threads": args.threads,
         "timing_warmup_steps": args.timing_warmup_steps,
+        "adapter": args.lora.as_ref().map(|_| "adapter"),
     });
     write_atomically(
         &peer_dir.join("settings.json"),

@@ -65,6 +65,8 @@ pub(super) struct Report {
     #[serde(skip)]
     job_threads: usize,
     repeats: u32,
+    /// What trains: every weight, or LoRA adapters (and on which base).
+    training: String,
     /// What MFU is measured against.
     peak: Peak,
     /// Each mode's median run, in the order the modes first ran.
@@ -96,6 +98,7 @@ impl Report {
             threads: args.threads.to_string(),
             job_threads: args.threads,
             repeats: args.repeats,
+            training: training(args),
             peak,
             results: medians(&runs),
             runs,
@@ -302,10 +305,11 @@ impl Report {
 
     pub(super) fn write(&self, dir: &Path) -> anyhow::Result<()> {
         let markdown = format!(
-            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\n{}\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process (a mode on N ranks in N processes under mpirun, sharing the threads) from the same initial weights; the fixed-batch rows (padfree's and HF's) train on the same batches, the multipack rows on the same bins; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n{}\nPer-step losses are in bench.json.\n",
+            "# padfree bench, {}\n\nMachine: {}\n\nCommand: `{}`\n\nTraining: {}\n\n{}\n\nThreads: {}. Runs of every mode: {} (the table shows each mode's median run by real tokens/s). Every mode runs in its own process (a mode on N ranks in N processes under mpirun, sharing the threads) from the same initial weights; the fixed-batch rows (padfree's and HF's) train on the same batches, the multipack rows on the same bins; the first steps warm up and are not timed; peak memory is each process's resident high-water mark (VmHWM).\n\n{}\n\n{}\n{}\nPer-step losses are in bench.json.\n",
             self.date,
             self.machine,
             self.command,
+            self.training,
             self.peak_line(),
             self.threads,
             self.repeats,
@@ -331,6 +335,32 @@ impl Report {
         write_atomically(&dir.join("bench.png"), &png)?;
         Ok(())
     }
+}
+
+/// What the runs train, in words.
+fn training(args: &BenchJob) -> String {
+    let checkpointing = if args.gradient_checkpointing {
+        "; padfree with per-layer gradient checkpointing"
+    } else {
+        ""
+    };
+    let Some(lora) = &args.lora else {
+        return format!("full fine-tuning (every weight){checkpointing}.");
+    };
+    let gguf = args.model.as_deref().is_some_and(crate::args::is_gguf);
+    let targets: Vec<&str> = lora.targets.iter().map(|t| t.module()).collect();
+    format!(
+        "LoRA r {}, alpha {}, dropout {} on {} (the base frozen{}); HF through PEFT, from the same initial adapters, on the f32 base{checkpointing}.",
+        lora.r,
+        lora.alpha,
+        lora.dropout,
+        targets.join(", "),
+        if gguf && !args.device.is_gpu() {
+            ", padfree's projections kept in their GGUF blocks (QLoRA)"
+        } else {
+            ""
+        }
+    )
 }
 
 /// Each mode's median run by real tokens/s (the lower of the two middle

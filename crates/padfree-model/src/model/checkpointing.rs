@@ -1,0 +1,141 @@
+//! Per-layer gradient checkpointing (`--gradient-checkpointing`): the
+//! forward pass runs off the autodiff graph and keeps only each decoder
+//! layer's input; the backward pass then goes from the loss to the
+//! embedding one segment at a time, recomputing one layer's forward on the
+//! graph, running its backward, and dropping it before the next.
+//!
+//! What a micro-batch holds at its peak is then `L + 1` states of `[T, C]`
+//! plus one layer's activations, instead of every layer's (the same
+//! trade-off as torch's `checkpoint` around each decoder layer, which HF's
+//! `gradient_checkpointing_enable` makes): about a third more compute, for
+//! activations that no longer grow with depth. burn's own balanced
+//! checkpointing keeps the outputs of compute-bound ops, which every fused
+//! kernel and the quantized matmul are, and measured no saving
+//! (docs/benchmarks/2026-12-01-lora.md).
+//!
+//! The LM head runs in chunks of labelled rows, each with its own backward
+//! pass: a chunk's logits (`[K_chunk, V]` and the softmax's gradient) are
+//! the largest tensors of a small model's step, and the chunks keep them to
+//! [`HEAD_CHUNK_BYTES`].
+//!
+//! The gradients are those of [`LlamaModel::loss_sum`] (the oracle, tested
+//! against in `tests/checkpointing.rs`), in another summation order: the
+//! head's gradient is a sum over chunks, a tied embedding's a sum of the
+//! head's and the embedding's parts, each handed over separately.
+//!
+//! # Shapes
+//! `T` tokens of the batch (rows: `B * L` when padded), `C` hidden size,
+//! `K` labelled rows, `V` vocabulary, `L` decoder layers.
+
+use crate::error::ModelError;
+use crate::input::ModelInput;
+use crate::loss::{HEAD_CHUNK_BYTES, LabelRows, fused_cross_entropy_sum};
+use crate::tensor::{Gradients, Tensor, backward, grad, linear, trainable};
+use crate::weights::table::index;
+
+use super::LlamaModel;
+
+impl LlamaModel {
+    /// Labelled rows whose logits fill [`HEAD_CHUNK_BYTES`] (at least 1).
+    pub fn head_chunk_rows(&self) -> usize {
+        (HEAD_CHUNK_BYTES / (4 * self.config.vocab_size.max(1))).max(1)
+    }
+
+    /// Forward and backward of one batch with per-layer recomputation: the
+    /// summed loss (as [`Self::loss_sum`]'s `sum`) is returned, and the
+    /// gradients of `loss_sum / divisor` arrive in parts, each segment's
+    /// [`Gradients`] handed to `take` once (a parameter may appear in
+    /// several parts: add them). The LoRA dropout masks are the model's
+    /// (its dropout seed), the same in the forward pass and the recomputation.
+    /// The head runs on `head_chunk_rows` labelled rows at a time
+    /// ([`Self::head_chunk_rows`] keeps a chunk's logits to
+    /// [`HEAD_CHUNK_BYTES`]).
+    pub fn loss_backward_checkpointed(
+        &self,
+        input: &ModelInput<'_>,
+        divisor: f64,
+        head_chunk_rows: usize,
+        mut take: impl FnMut(&Gradients),
+    ) -> Result<f32, ModelError> {
+        let layers = self.config.num_hidden_layers;
+        // The inputs of every layer and of the final norm, `L + 1` of
+        // `[T, C]`, off the graph (the weights shared, not copied).
+        let off = self.off_graph(self.lora.as_ref().and_then(|lora| lora.dropout_seed));
+        let mut states: Vec<Tensor<2>> = Vec::with_capacity(layers + 1);
+        off.with_layout(input, |rope, layout| {
+            let mut x = off.embed(input);
+            for layer in 0..layers {
+                let next = off.layer(layer)?.forward(x.clone(), rope, layout)?;
+                states.push(x);
+                x = next;
+            }
+            states.push(x);
+            Ok(())
+        })?;
+
+        // The head, chunk by chunk, from the last state.
+        let last = states
+            .pop()
+            .ok_or_else(|| bug("the final norm's input is missing"))?;
+        let [rows, _] = last.dims();
+        let labels = LabelRows::new(&input.targets(), rows, self.config.vocab_size)?;
+        if labels.is_empty() {
+            // Nothing is predicted: zero loss, zero gradients.
+            return Ok(0.0);
+        }
+        let leaf = trainable(Tensor::from_inner(last));
+        let mut loss_sum = 0.0f32;
+        let mut upstream: Option<Tensor<2>> = None;
+        for chunk in labels.chunks(head_chunk_rows) {
+            let kept = leaf.clone().select(0, chunk.rows_tensor(&self.device));
+            let normed = self.final_norm().forward(kept)?;
+            let loss = fused_cross_entropy_sum(linear(normed, &self.head().value), &chunk)?;
+            loss_sum += loss.value();
+            let gradients = backward(&loss.sum.div_scalar(divisor));
+            take(&gradients);
+            upstream = add(upstream, grad(&leaf, &gradients));
+        }
+
+        // The layers, last to first, each recomputed on the graph.
+        self.with_layout(input, |rope, layout| {
+            for layer in (0..layers).rev() {
+                let (Some(g), Some(state)) = (upstream.take(), states.pop()) else {
+                    return Err(bug("a layer's input or upstream gradient is missing"));
+                };
+                let leaf = trainable(Tensor::from_inner(state));
+                let out = self.layer(layer)?.forward(leaf.clone(), rope, layout)?;
+                // d(sum(out * g))/d(out) = g: the upstream gradient seeds
+                // this segment's backward pass.
+                let gradients = backward(&(out * Tensor::from_inner(g)).sum());
+                take(&gradients);
+                upstream = grad(&leaf, &gradients);
+            }
+            Ok(())
+        })?;
+
+        // The embedding, when it trains.
+        if self.params[index::EMBEDDING].value.is_require_grad()
+            && let Some(g) = upstream
+        {
+            let gradients = backward(&(self.embed(input) * Tensor::from_inner(g)).sum());
+            take(&gradients);
+        }
+        Ok(loss_sum)
+    }
+}
+
+/// `sum + part`, either of which may be missing.
+fn add(sum: Option<Tensor<2>>, part: Option<Tensor<2>>) -> Option<Tensor<2>> {
+    match (sum, part) {
+        (Some(sum), Some(part)) => Some(sum + part),
+        (sum, part) => sum.or(part),
+    }
+}
+
+fn bug(message: &str) -> ModelError {
+    ModelError::Config {
+        field: "gradient_checkpointing",
+        message: message.to_owned(),
+        hint: "this is a bug in padfree; please report it",
+    }
+}
