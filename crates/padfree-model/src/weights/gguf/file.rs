@@ -137,10 +137,13 @@ impl GgufTensorInfo {
     }
 }
 
-/// A GGUF file held in memory.
+/// A GGUF file's header (metadata and tensor index), read once; each
+/// tensor's data is read from the file when asked for, so loading a model
+/// never holds the whole file beside what it keeps of it.
 pub struct GgufFile {
     path: PathBuf,
-    bytes: Vec<u8>,
+    /// Bytes of the file on disk.
+    len: u64,
     /// Metadata by key.
     pub metadata: HashMap<String, GgufValue>,
     /// Tensors by name.
@@ -163,6 +166,9 @@ struct Cursor<'a> {
     bytes: &'a [u8],
     at: usize,
     path: &'a Path,
+    /// Set when a read needed bytes past the end of `bytes`: with more of
+    /// the file, the header may parse.
+    ran_out: bool,
 }
 
 impl Cursor<'_> {
@@ -172,6 +178,7 @@ impl Cursor<'_> {
             .checked_add(n)
             .filter(|&end| end <= self.bytes.len())
             .ok_or_else(|| {
+                self.ran_out = true;
                 gguf_error(
                     self.path,
                     format!("truncated header: needs {n} bytes at offset {}", self.at),
@@ -221,6 +228,7 @@ impl Cursor<'_> {
                 let count = self.u64()?;
                 // Each element takes at least one byte: a count beyond the file is corrupt.
                 if count > (self.bytes.len() - self.at) as u64 {
+                    self.ran_out = true;
                     return Err(gguf_error(
                         self.path,
                         format!("array of {count} elements at offset {}", self.at),
@@ -253,18 +261,56 @@ fn gguf_error(path: &Path, message: String) -> ModelError {
 }
 
 impl GgufFile {
-    /// Reads and indexes a GGUF file.
+    /// Reads and indexes a GGUF file's header. The header's length is known
+    /// only once it is parsed: the first 8 MiB are tried, then four times
+    /// more until it parses or the whole file was read (a damaged file
+    /// then gets the error its whole header gives).
     pub fn open(path: &Path) -> Result<Self, ModelError> {
-        let bytes = std::fs::read(path).map_err(|err| ModelError::io(path, err))?;
-        Self::parse(path, bytes)
+        Self::open_reading(path, 8 << 20)
     }
 
-    fn parse(path: &Path, bytes: Vec<u8>) -> Result<Self, ModelError> {
+    /// [`Self::open`], trying the first `first` bytes first.
+    fn open_reading(path: &Path, first: u64) -> Result<Self, ModelError> {
+        use std::io::Read;
+        let io = |err| ModelError::io(path, err);
+        let len = std::fs::metadata(path).map_err(io)?.len();
+        let mut prefix = len.min(first.max(1));
+        loop {
+            let mut bytes = Vec::with_capacity(prefix as usize);
+            std::fs::File::open(path)
+                .map_err(io)?
+                .take(prefix)
+                .read_to_end(&mut bytes)
+                .map_err(io)?;
+            let mut cursor = Cursor {
+                bytes: &bytes,
+                at: 0,
+                path,
+                ran_out: false,
+            };
+            match Self::header(&mut cursor, len) {
+                Err(_) if cursor.ran_out && prefix < len => {
+                    prefix = len.min(prefix.saturating_mul(4));
+                }
+                parsed => return parsed,
+            }
+        }
+    }
+
+    /// The header at the start of `bytes`, of a file of `len` bytes.
+    #[cfg(test)]
+    fn parse(path: &Path, bytes: &[u8], len: u64) -> Result<Self, ModelError> {
         let mut cursor = Cursor {
-            bytes: &bytes,
+            bytes,
             at: 0,
             path,
+            ran_out: false,
         };
+        Self::header(&mut cursor, len)
+    }
+
+    fn header(cursor: &mut Cursor<'_>, len: u64) -> Result<Self, ModelError> {
+        let path = cursor.path;
         if cursor.take(4)? != MAGIC {
             return Err(gguf_error(
                 path,
@@ -326,7 +372,7 @@ impl GgufFile {
         Ok(Self {
             path: path.to_owned(),
             data_start: data_start as usize,
-            bytes,
+            len,
             metadata,
             tensors,
         })
@@ -345,11 +391,11 @@ impl GgufFile {
     /// The values of a tensor as f32, in row-major order of [`GgufTensorInfo::shape`].
     pub fn dequantize(&self, name: &str) -> Result<Vec<f32>, ModelError> {
         let (ggml_type, data) = self.raw(name)?;
-        Ok(dequantize(ggml_type, data))
+        Ok(dequantize(ggml_type, &data))
     }
 
-    /// A tensor's stored bytes (whole blocks) and their type.
-    pub fn raw(&self, name: &str) -> Result<(GgmlType, &[u8]), ModelError> {
+    /// A tensor's stored bytes (whole blocks), read from the file, and their type.
+    pub fn raw(&self, name: &str) -> Result<(GgmlType, Vec<u8>), ModelError> {
         let info = self.tensors.get(name).ok_or_else(|| ModelError::Weights {
             path: self.path.clone(),
             tensor: name.to_owned(),
@@ -374,16 +420,27 @@ impl GgufFile {
             .ok()
             .and_then(|offset| offset.checked_add(self.data_start))
             .ok_or_else(|| corrupt(format!("offset {} is out of range", info.offset)))?;
-        let data = start
+        if start
             .checked_add(len)
-            .and_then(|end| self.bytes.get(start..end))
-            .ok_or_else(|| {
-                corrupt(format!(
-                    "data at offset {} runs past the end of the file",
-                    info.offset
-                ))
-            })?;
-        Ok((info.ggml_type, data))
+            .is_none_or(|end| end as u64 > self.len)
+        {
+            return Err(corrupt(format!(
+                "data at offset {} runs past the end of the file",
+                info.offset
+            )));
+        }
+        Ok((info.ggml_type, self.read_at(start as u64, len)?))
+    }
+
+    /// `len` bytes of the file from `start`.
+    fn read_at(&self, start: u64, len: usize) -> Result<Vec<u8>, ModelError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let io = |err| ModelError::io(&self.path, err);
+        let mut file = std::fs::File::open(&self.path).map_err(io)?;
+        file.seek(SeekFrom::Start(start)).map_err(io)?;
+        let mut data = vec![0u8; len];
+        file.read_exact(&mut data).map_err(io)?;
+        Ok(data)
     }
 }
 
@@ -569,7 +626,8 @@ mod tests {
         bytes.extend(32u64.to_le_bytes());
         bytes.extend(6u32.to_le_bytes()); // Q5_0
         bytes.extend(0u64.to_le_bytes()); // offset
-        let err = GgufFile::parse(Path::new("m.gguf"), bytes).expect_err("Q5_0 is not supported");
+        let err = GgufFile::parse(Path::new("m.gguf"), &bytes, bytes.len() as u64)
+            .expect_err("Q5_0 is not supported");
         let message = err.to_string();
         assert!(
             message.contains("blk.0.attn_q") && message.contains("ggml type 6"),
@@ -577,12 +635,36 @@ mod tests {
         );
     }
 
+    /// A header longer than the first read (the fixture's tokenizer alone
+    /// is kilobytes) is read in growing prefixes and gives the same index
+    /// and tensor bytes as one read of the whole file.
+    #[test]
+    fn a_header_longer_than_the_first_read_is_read_in_growing_prefixes() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gguf/llama-tiny-q4.gguf");
+        let whole = GgufFile::open(&path).expect("opens");
+        let len = std::fs::metadata(&path).expect("exists").len();
+        assert!(whole.data_start > 64, "the header is longer than 64 bytes");
+        let stepwise = GgufFile::open_reading(&path, 64).expect("opens in steps");
+        assert_eq!(stepwise.data_start, whole.data_start);
+        assert_eq!(stepwise.metadata.len(), whole.metadata.len());
+        assert_eq!(stepwise.tensors.len(), whole.tensors.len());
+        let bytes = std::fs::read(&path).expect("reads");
+        for (name, info) in &whole.tensors {
+            let (ggml_type, data) = stepwise.raw(name).expect("tensor");
+            assert_eq!(ggml_type, info.ggml_type);
+            let start = whole.data_start + info.offset as usize;
+            assert_eq!(data, bytes[start..start + data.len()], "{name}");
+        }
+        assert!(len > whole.data_start as u64);
+    }
+
     #[test]
     fn truncated_and_foreign_files_are_refused() {
         let path = Path::new("model.gguf");
-        let err = GgufFile::parse(path, b"GGUF\x03\x00".to_vec()).expect_err("truncated");
+        let err = GgufFile::parse(path, b"GGUF\x03\x00", 6).expect_err("truncated");
         assert!(err.to_string().contains("truncated"), "{err}");
-        let err = GgufFile::parse(path, b"PK\x03\x04 not gguf".to_vec()).expect_err("not gguf");
+        let err = GgufFile::parse(path, b"PK\x03\x04 not gguf", 15).expect_err("not gguf");
         assert!(err.to_string().contains("magic"), "{err}");
     }
 }

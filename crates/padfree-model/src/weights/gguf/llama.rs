@@ -144,9 +144,9 @@ pub(crate) fn read_quantized(
     let [rows, cols] = spec.matrix_shape();
     let row_bytes = data.len() / rows.max(1);
     let data = match spec.rope_rows {
-        RopeRows::QueryHeads => unpermute_rows(data, config.num_attention_heads, row_bytes),
-        RopeRows::KvHeads => unpermute_rows(data, config.num_key_value_heads, row_bytes),
-        RopeRows::No => data.to_vec(),
+        RopeRows::QueryHeads => unpermute_rows(&data, config.num_attention_heads, row_bytes),
+        RopeRows::KvHeads => unpermute_rows(&data, config.num_key_value_heads, row_bytes),
+        RopeRows::No => data,
     };
     QuantMatrix::new(ggml_type, rows, cols, data)
         .map(Some)
