@@ -350,13 +350,18 @@ fn training(args: &BenchJob) -> String {
     let gguf = args.model.as_deref().is_some_and(crate::args::is_gguf);
     let targets: Vec<&str> = lora.targets.iter().map(|t| t.module()).collect();
     format!(
-        "LoRA r {}, alpha {}, dropout {} on {} (the base frozen{}); HF through PEFT, from the same initial adapters, on the f32 base{checkpointing}.",
+        "LoRA r {}, alpha {}, dropout {} on {} (the base frozen{}){}{checkpointing}.",
         lora.r,
         lora.alpha,
         lora.dropout,
         targets.join(", "),
         if gguf && !args.device.is_gpu() {
             ", padfree's projections kept in their GGUF blocks (QLoRA)"
+        } else {
+            ""
+        },
+        if args.peer.is_some() {
+            "; HF through PEFT, from the same initial adapters, on the f32 base"
         } else {
             ""
         }
