@@ -9,7 +9,7 @@ use padfree_pack::{BatchMeta, PaddedBatch, SplitMix64};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::input::ModelInput;
-use crate::kernels::{AttentionRows, CausalMasks};
+use crate::kernels::{AttentionRows, CausalMasks, fused_linear};
 use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
@@ -462,7 +462,7 @@ impl LlamaModel {
             return Ok(LossSum::empty(hidden));
         }
         let kept = hidden.select(0, labels.rows_tensor(&self.device));
-        fused_cross_entropy_sum(linear(kept, &self.head().value), &labels)
+        fused_cross_entropy_sum(fused_linear(kept, self.head().value.clone())?, &labels)
     }
 
     /// The LM head: its own matrix, or the embedding when tied.

@@ -75,6 +75,7 @@ impl HostOp<1> for CrossEntropy {
         _output: &[f32],
         lse: &[f32],
         d_out: &[f32],
+        _needed: [bool; 1],
     ) -> [Vec<f32>; 1] {
         let d_loss = d_out.first().copied().unwrap_or(0.0);
         [backward(

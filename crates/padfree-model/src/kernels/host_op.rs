@@ -63,13 +63,16 @@ pub(crate) trait HostOp<const N: usize>:
     fn forward(&self, inputs: [HostTensor<'_>; N]) -> HostOutput;
 
     /// The gradient of every input (same shapes as the inputs), given the
-    /// inputs, the forward output, what it saved, and `d_out`.
+    /// inputs, the forward output, what it saved, and `d_out`; an input
+    /// that is not `needed` (off the graph: a frozen weight) may get an
+    /// empty vector instead.
     fn backward(
         &self,
         inputs: [HostTensor<'_>; N],
         output: &[f32],
         saved: &[f32],
         d_out: &[f32],
+        needed: [bool; N],
     ) -> [Vec<f32>; N];
 }
 
@@ -190,9 +193,11 @@ impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for HostBackwardOf<Op, N> 
         ) else {
             panic!("fused kernel backward: tensors are no longer contiguous f32");
         };
-        let gradients = state
-            .op
-            .backward(inputs, output_values, &state.saved, d_out_values);
+        let needed = ops.parents.each_ref().map(Option::is_some);
+        let gradients =
+            state
+                .op
+                .backward(inputs, output_values, &state.saved, d_out_values, needed);
         register(
             grads,
             ops.parents.map(|p| p.map(|node| node.id)),
@@ -326,7 +331,14 @@ impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for RecomputedBackwardOf<O
             panic!("fused kernel backward: tensors are no longer contiguous f32");
         };
         let recomputed = op.forward(views);
-        let gradients = op.backward(views, &recomputed.values, &recomputed.saved, d_out_values);
+        let needed = ops.parents.each_ref().map(Option::is_some);
+        let gradients = op.backward(
+            views,
+            &recomputed.values,
+            &recomputed.saved,
+            d_out_values,
+            needed,
+        );
         register(
             grads,
             ops.parents.map(|p| p.map(|node| node.id)),

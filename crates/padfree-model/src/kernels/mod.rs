@@ -8,11 +8,16 @@
 //! `simd.rs` runs kernel bodies compiled for the CPU's best vector set
 //! (chosen at run time) and holds their vectorisable `exp`, `dot`, `sum_exp`.
 //!
-//! `dropout_matmul.rs` is LoRA's `(x * mask) A^T` with the mask drawn again
+//! `lora_linear.rs` is a LoRA layer in one op (frozen base, f32 or GGUF
+//! blocks, plus the adapter); `dropout.rs` its dropout mask, drawn again
 //! in the backward pass instead of kept.
 //!
 //! `quant_matmul.rs` is QLoRA's frozen linear layer: `x W^T` and its input
 //! gradient with `W` in GGUF blocks, dequantised a tile at a time.
+//!
+//! `linear.rs` is a linear layer's `x W^T` and its two gradients, and
+//! `gemm.rs` the products on host slices it and the other kernels call
+//! (burn-flex's gemm kernels without its zeroed, copied outputs).
 //!
 //! `host_op.rs` is the one generic layer that enters a host kernel into
 //! burn's autodiff graph (backend-extension API), for plain autodiff and
@@ -21,8 +26,11 @@
 
 mod attention;
 mod cross_entropy;
-pub mod dropout_matmul;
+pub mod dropout;
+mod gemm;
 mod host_op;
+mod linear;
+mod lora_linear;
 pub mod quant_matmul;
 mod rms_norm;
 mod simd;
@@ -34,6 +42,8 @@ pub use attention::{
 };
 pub use cross_entropy::{composed_cross_entropy_sum, cross_entropy_sum};
 pub use host_op::UnsupportedTensor;
+pub use linear::{composed_linear, fused_linear};
+pub use lora_linear::{LoraFactors, LoraLayer, composed_lora_linear, lora_linear};
 pub use quant_matmul::{composed_quant_linear, quant_linear};
 pub use rms_norm::{composed_rms_norm, rms_norm};
 pub use swiglu::{composed_swiglu, swiglu};
@@ -51,6 +61,7 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
             ("cross-entropy", "fused host kernel"),
             ("RMSNorm", "fused host kernel"),
             ("SwiGLU", "fused host kernel"),
+            ("linear and LoRA layers", "fused host kernels (gemm)"),
         ];
     }
     vec![
@@ -58,5 +69,37 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
         ("cross-entropy", "composed burn ops (no CubeCL kernel yet)"),
         ("RMSNorm", "composed burn ops (no CubeCL kernel yet)"),
         ("SwiGLU", "composed burn ops (no CubeCL kernel yet)"),
+        (
+            "linear and LoRA layers",
+            "burn's matmul (composed LoRA layer)",
+        ),
     ]
+}
+
+/// What the kernels' unit tests share.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use padfree_pack::SplitMix64;
+
+    /// `len` standard normal values from `seed`.
+    pub fn random(len: usize, seed: u64) -> Vec<f32> {
+        let mut rng = SplitMix64::new(seed);
+        (0..len).map(|_| rng.standard_normal() as f32).collect()
+    }
+
+    /// Panics unless `ours` and `theirs` agree within `tolerance` of
+    /// `theirs`' largest magnitude (which must not be zero: a test of
+    /// zeros shows nothing).
+    pub fn assert_within(what: &str, ours: &[f32], theirs: &[f32], tolerance: f32) {
+        assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
+        let scale = theirs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let diff = ours
+            .iter()
+            .zip(theirs)
+            .fold(0.0f32, |m, (p, q)| m.max((p - q).abs()));
+        assert!(
+            diff <= tolerance * scale && scale > 0.0,
+            "{what}: max diff {diff:e} of scale {scale:e}"
+        );
+    }
 }

@@ -2,10 +2,10 @@
 //! block format (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; F16 and BF16 too), and the
 //! input gradient `dx = dy W` of the backward pass, both without an f32 copy
 //! of the weights: each weight is dequantised one tile of rows at a time
-//! (at most 8 MiB of f32, on rayon's threads), and each tile goes through
-//! burn-flex's matmul
-//! (gemm's SIMD kernels, chosen at run time: AVX-512, AVX2+FMA, or SSE)
-//! into its columns of `y` (or is accumulated into `dx`). No gradient of `W`
+//! (at most 8 MiB of f32, on rayon's threads), and each tile's product
+//! (gemm's SIMD kernels, chosen at run time: AVX-512, AVX2+FMA, or SSE;
+//! `kernels/gemm.rs`) is written straight into its columns of `y` (or
+//! added into `dx`). No gradient of `W`
 //! exists: it is frozen.
 //!
 //! The oracle beside it is dequantize-then-multiply with burn's matmul
@@ -14,8 +14,9 @@
 //! # Shapes
 //! `N` rows, `C` input width, `O` output width (`W` is `[O, C]`, HF layout).
 
+use super::gemm::{View, Write, product, product_into};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
-use crate::tensor::{IntoHostVec, Tensor, cat, cpu_device, float_tensor, linear, narrow};
+use crate::tensor::{Tensor, float_tensor, linear};
 use crate::weights::quantized::QuantMatrix;
 
 /// f32 values of one dequantised tile: 8 MiB. Small tiles make many small
@@ -72,57 +73,66 @@ impl HostOp<1> for QuantLinear {
         _output: &[f32],
         _saved: &[f32],
         d_out: &[f32],
+        _needed: [bool; 1],
     ) -> [Vec<f32>; 1] {
         [backward(&self.weight, d_out, x.shape[0])]
     }
 }
 
 /// `y[N, O] = x[N, C] W^T`, a tile of `W`'s rows at a time, each tile's
-/// product by burn-flex's matmul (gemm's SIMD kernels, chosen at run time).
-fn forward(w: &QuantMatrix, x: &[f32], n: usize) -> Vec<f32> {
+/// product written straight into its columns of `y` (`kernels/gemm.rs`).
+pub(super) fn forward(w: &QuantMatrix, x: &[f32], n: usize) -> Vec<f32> {
     let [o, c] = w.dims();
-    let device = cpu_device(false);
-    let x = float_tensor(x.to_vec(), [n, c], &device);
+    let x = View::row_major(x, n, c);
     let tile = tile_rows(w);
-    let mut parts = Vec::with_capacity(o.div_ceil(tile));
+    if tile >= o {
+        let buffer = dequantized_rows(w, 0, o);
+        return product(x, View::row_major(&buffer, o, c).t());
+    }
+    let mut y = vec![0.0f32; n * o];
     for start in (0..o).step_by(tile) {
         let rows = tile.min(o - start);
-        let mut buffer = vec![0.0f32; rows * c];
-        w.dequantize_rows(start, rows, &mut buffer);
-        let w_tile = float_tensor(buffer, [rows, c], &device);
-        parts.push(linear(x.clone(), &w_tile));
+        let buffer = dequantized_rows(w, start, rows);
+        product_into(
+            &mut y[start..],
+            o,
+            x,
+            View::row_major(&buffer, rows, c).t(),
+            Write::Set,
+        );
     }
-    match parts.len() {
-        1 => parts.swap_remove(0).into_vec(),
-        _ => cat(parts, 1).into_vec(),
-    }
+    y
 }
 
-/// `dx[N, C] = dy[N, O] W`, summed over tiles of `W`'s rows.
-fn backward(w: &QuantMatrix, dy: &[f32], n: usize) -> Vec<f32> {
+/// `dx[N, C] = dy[N, O] W`, summed over tiles of `W`'s rows in place.
+pub(super) fn backward(w: &QuantMatrix, dy: &[f32], n: usize) -> Vec<f32> {
     let [o, c] = w.dims();
-    let device = cpu_device(false);
-    let dy = float_tensor(dy.to_vec(), [n, o], &device);
+    let dy = View::row_major(dy, n, o);
     let tile = tile_rows(w);
-    let mut dx: Option<Tensor<2>> = None;
+    let mut dx: Option<Vec<f32>> = None;
     for start in (0..o).step_by(tile) {
         let rows = tile.min(o - start);
-        let mut buffer = vec![0.0f32; rows * c];
-        w.dequantize_rows(start, rows, &mut buffer);
-        let w_tile = float_tensor(buffer, [rows, c], &device);
-        let part = narrow(dy.clone(), 1, start, rows).matmul(w_tile);
-        dx = Some(match dx {
-            Some(sum) => sum + part,
-            None => part,
-        });
+        let buffer = dequantized_rows(w, start, rows);
+        let (part, w_tile) = (dy.columns(start, rows), View::row_major(&buffer, rows, c));
+        match dx.as_mut() {
+            Some(sum) => product_into(sum, c, part, w_tile, Write::Add(1.0)),
+            None => dx = Some(product(part, w_tile)),
+        }
     }
-    dx.map_or_else(|| vec![0.0; n * c], IntoHostVec::into_vec)
+    dx.unwrap_or_else(|| vec![0.0; n * c])
+}
+
+/// Rows `start..start + rows` of `w` in f32, row-major.
+fn dequantized_rows(w: &QuantMatrix, start: usize, rows: usize) -> Vec<f32> {
+    let mut buffer = vec![0.0f32; rows * w.dims()[1]];
+    w.dequantize_rows(start, rows, &mut buffer);
+    buffer
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{backward as run_backward, grad, trainable};
+    use crate::tensor::{IntoHostVec, backward as run_backward, cpu_device, grad, trainable};
     use crate::weights::gguf::GgmlType;
     use padfree_pack::SplitMix64;
 

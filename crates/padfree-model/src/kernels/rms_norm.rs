@@ -60,6 +60,7 @@ impl HostOp<2> for RmsNorm {
         _output: &[f32],
         inv_rms: &[f32],
         d_out: &[f32],
+        _needed: [bool; 2],
     ) -> [Vec<f32>; 2] {
         let (dx, dweight) = backward(x.values, weight.values, inv_rms, d_out);
         [dx, dweight]

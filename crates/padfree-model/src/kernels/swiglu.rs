@@ -50,6 +50,7 @@ impl HostOp<2> for SwiGlu {
         _output: &[f32],
         _saved: &[f32],
         d_out: &[f32],
+        _needed: [bool; 2],
     ) -> [Vec<f32>; 2] {
         let (d_gate, d_up) = backward(gate.values, up.values, d_out);
         [d_gate, d_up]

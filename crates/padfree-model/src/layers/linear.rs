@@ -1,7 +1,9 @@
 use crate::error::ModelError;
-use crate::kernels::{composed_quant_linear, on_cpu, quant_linear};
+use crate::kernels::{
+    LoraLayer, composed_quant_linear, fused_linear, lora_linear, on_cpu, quant_linear,
+};
 use crate::lora::Adapter;
-use crate::tensor::{Tensor, linear};
+use crate::tensor::Tensor;
 use crate::weights::quantized::QuantMatrix;
 use crate::weights::table::Param;
 
@@ -33,20 +35,23 @@ impl<'a> Linear<'a> {
 
     /// `x W^T (+ the adapter's update)`: `[N, C] -> [N, O]`.
     pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
-        let update = match self.adapter {
-            Some(adapter) => Some(adapter.forward(x.clone())?),
-            None => None,
-        };
-        let base = match self.quantized {
+        if let Some(adapter) = self.adapter {
+            // Base and adapter in one op (`kernels/lora_linear.rs`).
+            let layer = LoraLayer {
+                w: self.weight.value.clone(),
+                quantized: self.quantized,
+                a: adapter.a.value.clone(),
+                b: adapter.b.value.clone(),
+                factors: adapter.factors(),
+            };
+            return Ok(lora_linear(x, layer)?);
+        }
+        Ok(match self.quantized {
             // The fused dequantise-and-multiply kernel is the CPU's; a GPU
             // multiplies the dequantised weight.
             Some(quantized) if on_cpu(&x.device()) => quant_linear(x, quantized)?,
             Some(quantized) => composed_quant_linear(x, quantized),
-            None => linear(x, &self.weight.value),
-        };
-        Ok(match update {
-            Some(update) => base + update,
-            None => base,
+            None => fused_linear(x, self.weight.value.clone())?,
         })
     }
 }

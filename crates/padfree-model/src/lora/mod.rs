@@ -9,8 +9,8 @@
 //!
 //! - this file: [`LoraConfig`], [`LoraTarget`], the adapters a model holds
 //!   (`Lora`, one `A`/`B` pair per layer and target, in layer order), the
-//!   view a layer borrows ([`Adapter`]), merging; the dropout kernel is
-//!   `kernels/dropout_matmul.rs`;
+//!   view a layer borrows ([`Adapter`]), merging; the fused layer is
+//!   `kernels/lora_linear.rs`, its dropout mask `kernels/dropout.rs`;
 //! - `peft.rs`: `adapter_model.safetensors` + `adapter_config.json` in and
 //!   out (PEFT's names: `base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight`).
 //!
@@ -26,9 +26,9 @@ use padfree_pack::SplitMix64;
 
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
-use crate::kernels::dropout_matmul::{DropoutMask, composed_dropout_matmul, dropout_matmul, mix};
-use crate::kernels::on_cpu;
-use crate::tensor::{Device, Tensor, float_tensor, linear, trainable};
+use crate::kernels::LoraFactors;
+use crate::kernels::dropout::{DropoutMask, mix};
+use crate::tensor::{Device, float_tensor, trainable};
 use crate::weights::table::{LayerTensor, Param};
 
 /// A linear layer of a decoder layer that may carry an adapter, by PEFT's
@@ -373,16 +373,12 @@ pub struct Adapter<'a> {
 }
 
 impl Adapter<'_> {
-    /// `scale * (dropout(x) A^T) B^T`: `[N, C] -> [N, O]`. Dropout on the
-    /// CPU through the kernel that draws its mask again in the backward pass
-    /// instead of keeping it (`kernels/dropout_matmul.rs`).
-    pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
-        let down = match self.dropout {
-            Some(mask) if on_cpu(&x.device()) => dropout_matmul(x, self.a.value.clone(), mask)?,
-            Some(mask) => composed_dropout_matmul(x, self.a.value.clone(), mask),
-            None => linear(x, &self.a.value),
-        };
-        Ok(linear(down, &self.b.value).mul_scalar(self.scale))
+    /// The scale and the dropout mask, as the fused layer takes them.
+    pub(crate) fn factors(&self) -> LoraFactors {
+        LoraFactors {
+            scale: self.scale,
+            dropout: self.dropout,
+        }
     }
 }
 

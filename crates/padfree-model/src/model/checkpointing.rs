@@ -29,8 +29,9 @@
 
 use crate::error::ModelError;
 use crate::input::ModelInput;
+use crate::kernels::fused_linear;
 use crate::loss::{HEAD_CHUNK_BYTES, LabelRows, fused_cross_entropy_sum};
-use crate::tensor::{Gradients, Tensor, backward, grad, linear, trainable};
+use crate::tensor::{Gradients, Tensor, backward, grad, trainable};
 use crate::weights::table::index;
 
 use super::LlamaModel;
@@ -89,7 +90,8 @@ impl LlamaModel {
         for chunk in labels.chunks(head_chunk_rows) {
             let kept = leaf.clone().select(0, chunk.rows_tensor(&self.device));
             let normed = self.final_norm().forward(kept)?;
-            let loss = fused_cross_entropy_sum(linear(normed, &self.head().value), &chunk)?;
+            let head = fused_linear(normed, self.head().value.clone())?;
+            let loss = fused_cross_entropy_sum(head, &chunk)?;
             loss_sum += loss.value();
             let gradients = backward(&loss.sum.div_scalar(divisor));
             take(&gradients);

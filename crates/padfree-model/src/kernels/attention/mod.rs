@@ -166,6 +166,7 @@ impl HostOp<3> for VarlenAttention {
         output: &[f32],
         lse: &[f32],
         d_out: &[f32],
+        _needed: [bool; 3],
     ) -> [Vec<f32>; 3] {
         let inputs = Qkv {
             q: q.values,
