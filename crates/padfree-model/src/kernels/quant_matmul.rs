@@ -84,20 +84,18 @@ impl HostOp<1> for QuantLinear {
 pub(super) fn forward(w: &QuantMatrix, x: &[f32], n: usize) -> Vec<f32> {
     let [o, c] = w.dims();
     let x = View::row_major(x, n, c);
-    let tile = tile_rows(w);
-    if tile >= o {
-        let buffer = dequantized_rows(w, 0, o);
-        return product(x, View::row_major(&buffer, o, c).t());
+    let mut tiles = Tiles::new(w);
+    if tiles.rows >= o {
+        return product(x, tiles.dequantized(0, o).t());
     }
     let mut y = vec![0.0f32; n * o];
-    for start in (0..o).step_by(tile) {
-        let rows = tile.min(o - start);
-        let buffer = dequantized_rows(w, start, rows);
+    for start in (0..o).step_by(tiles.rows) {
+        let rows = tiles.rows.min(o - start);
         product_into(
             &mut y[start..],
             o,
             x,
-            View::row_major(&buffer, rows, c).t(),
+            tiles.dequantized(start, rows).t(),
             Write::Set,
         );
     }
@@ -108,12 +106,11 @@ pub(super) fn forward(w: &QuantMatrix, x: &[f32], n: usize) -> Vec<f32> {
 pub(super) fn backward(w: &QuantMatrix, dy: &[f32], n: usize) -> Vec<f32> {
     let [o, c] = w.dims();
     let dy = View::row_major(dy, n, o);
-    let tile = tile_rows(w);
+    let mut tiles = Tiles::new(w);
     let mut dx: Option<Vec<f32>> = None;
-    for start in (0..o).step_by(tile) {
-        let rows = tile.min(o - start);
-        let buffer = dequantized_rows(w, start, rows);
-        let (part, w_tile) = (dy.columns(start, rows), View::row_major(&buffer, rows, c));
+    for start in (0..o).step_by(tiles.rows) {
+        let rows = tiles.rows.min(o - start);
+        let (part, w_tile) = (dy.columns(start, rows), tiles.dequantized(start, rows));
         match dx.as_mut() {
             Some(sum) => product_into(sum, c, part, w_tile, Write::Add(1.0)),
             None => dx = Some(product(part, w_tile)),
@@ -122,11 +119,32 @@ pub(super) fn backward(w: &QuantMatrix, dy: &[f32], n: usize) -> Vec<f32> {
     dx.unwrap_or_else(|| vec![0.0; n * c])
 }
 
-/// Rows `start..start + rows` of `w` in f32, row-major.
-fn dequantized_rows(w: &QuantMatrix, start: usize, rows: usize) -> Vec<f32> {
-    let mut buffer = vec![0.0f32; rows * w.dims()[1]];
-    w.dequantize_rows(start, rows, &mut buffer);
-    buffer
+/// One f32 buffer of a tile's size, reused for every tile of a product.
+struct Tiles<'w> {
+    w: &'w QuantMatrix,
+    /// Rows of a tile ([`tile_rows`]).
+    rows: usize,
+    buffer: Vec<f32>,
+}
+
+impl<'w> Tiles<'w> {
+    fn new(w: &'w QuantMatrix) -> Self {
+        let [o, c] = w.dims();
+        let rows = tile_rows(w);
+        Self {
+            w,
+            rows,
+            buffer: vec![0.0; rows.min(o) * c],
+        }
+    }
+
+    /// Rows `start..start + rows` of `W` in f32, `[rows, C]`.
+    fn dequantized(&mut self, start: usize, rows: usize) -> View<'_> {
+        let c = self.w.dims()[1];
+        let values = &mut self.buffer[..rows * c];
+        self.w.dequantize_rows(start, rows, values);
+        View::row_major(values, rows, c)
+    }
 }
 
 #[cfg(test)]
