@@ -135,9 +135,33 @@ impl AdamW {
         }
     }
 
-    /// Current values of parameter `index`.
+    /// Current values of parameter `index` (empty while lent to the model).
     pub fn values(&self, index: usize) -> &[f32] {
         &self.groups[index].values
+    }
+
+    /// Moves parameter `index`'s values out, for the model to hold between
+    /// steps: on the CPU they become its tensor without a copy (a copy of
+    /// every weight per step was 3% of a short-example step on `medium`).
+    pub(crate) fn lend_values(&mut self, index: usize) -> Vec<f32> {
+        std::mem::take(&mut self.groups[index].values)
+    }
+
+    /// Whether parameter `index`'s values are lent out.
+    pub(crate) fn is_lent(&self, index: usize) -> bool {
+        self.groups[index].values.is_empty() && !self.groups[index].exp_avg.is_empty()
+    }
+
+    /// Takes back what [`Self::lend_values`] lent (the same length).
+    pub(crate) fn return_values(&mut self, index: usize, values: Vec<f32>) {
+        let group = &mut self.groups[index];
+        assert_eq!(
+            values.len(),
+            group.exp_avg.len(),
+            "parameter {} came back with another size",
+            group.name
+        );
+        group.values = values;
     }
 
     /// Number of parameters (tensors).
@@ -168,7 +192,7 @@ impl AdamW {
         mut moments: impl FnMut(&str, usize) -> Result<(Vec<f32>, Vec<f32>), String>,
     ) -> Result<(), String> {
         for group in &mut self.groups {
-            let (exp_avg, exp_avg_sq) = moments(&group.name, group.values.len())?;
+            let (exp_avg, exp_avg_sq) = moments(&group.name, group.exp_avg.len())?;
             group.exp_avg = exp_avg;
             group.exp_avg_sq = exp_avg_sq;
         }

@@ -3,10 +3,11 @@ use std::time::Instant;
 
 use padfree_model::LlamaModel;
 use padfree_model::tensor::{
-    Gradients, IntoHostVec, Tensor, backward, float_tensor, grad, trainable,
+    Gradients, IntoHostVec, Tensor, backward, float_tensor, grad, take_grad, trainable,
 };
 use padfree_pack::Example;
 
+use crate::AttentionMode;
 use crate::best_model::BestModel;
 use crate::checkpoint::{self, Snapshot};
 use crate::collate::Collated;
@@ -906,7 +907,21 @@ impl Trainer {
             let batch: Vec<Example> = indices.iter().map(|&i| self.examples[i].clone()).collect();
             self.model
                 .set_lora_dropout_seed(Some(self.dropout_seed(indices)));
-            let pass = self.forward_backward(&batch, label_tokens.max(1), &mut grads)?;
+            let (model, attention, checkpointed) = (
+                &self.model,
+                self.config.attention,
+                self.gradient_checkpointing,
+            );
+            let pass = on_workers(|| {
+                forward_backward(
+                    model,
+                    attention,
+                    checkpointed,
+                    &batch,
+                    label_tokens.max(1),
+                    &mut grads,
+                )
+            })?;
             loss_sum += pass.loss_sum;
             fed_tokens += pass.fed_tokens;
         }
@@ -921,7 +936,7 @@ impl Trainer {
         }
         let step = self.global_step + 1;
         let loss = loss_sum / label_tokens.max(1) as f64;
-        let grad_norm = grads.global_norm();
+        let grad_norm = on_workers(|| grads.global_norm());
         for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
             if !value.is_finite() {
                 return Err(TrainError::NonFinite {
@@ -943,8 +958,10 @@ impl Trainer {
         let learning_rate = self.schedule.lr(self.global_step);
         match grads {
             GradSums::Host(grads) => {
-                self.optimizer.step(&grads, clip as f32, learning_rate);
-                self.load_optimizer_values();
+                let shapes = self.reclaim_optimizer_values();
+                let optimizer = &mut self.optimizer;
+                on_workers(|| optimizer.step(&grads, clip as f32, learning_rate));
+                self.load_optimizer_values(&shapes);
             }
             GradSums::Device(grads) => {
                 let grads: Vec<_> = grads.into_iter().flatten().collect();
@@ -990,46 +1007,6 @@ impl Trainer {
         })
     }
 
-    /// Forward and backward of one micro-batch; its gradients, already divided
-    /// by the window's label-token count, are added to `grads`.
-    fn forward_backward(
-        &self,
-        batch: &[Example],
-        window_label_tokens: usize,
-        grads: &mut GradSums,
-    ) -> Result<Pass, TrainError> {
-        let collated = Collated::new(batch, self.config.attention)?;
-        let input = collated.input();
-        let fed_tokens = input.input_ids().len();
-        let trainable = self.model.trainable();
-        // Every trained tensor's part of the gradient, added to its sum.
-        let mut take = |gradients: &Gradients| {
-            for (index, param) in trainable.iter().enumerate() {
-                if let Some(g) = grad(&param.value, gradients) {
-                    grads.add(index, g);
-                }
-            }
-        };
-        let divisor = window_label_tokens as f64;
-        let loss_sum = if self.gradient_checkpointing {
-            self.model.loss_backward_checkpointed(
-                &input,
-                divisor,
-                self.model.head_chunk_rows(),
-                take,
-            )?
-        } else {
-            let loss = self.model.loss_sum(&input)?;
-            let value = loss.value();
-            take(&backward(&loss.sum.div_scalar(divisor)));
-            value
-        };
-        Ok(Pass {
-            loss_sum: f64::from(loss_sum),
-            fed_tokens,
-        })
-    }
-
     /// The seed of the LoRA dropout of this step's micro-batch of
     /// `examples`: a function of the run's seed, the step and the examples
     /// (not of the rank or the batch's place on it), so a resumed run, and
@@ -1045,15 +1022,91 @@ impl Trainer {
         hash.finish()
     }
 
-    /// Puts the optimizer's master values into the model as fresh leaves.
-    fn load_optimizer_values(&mut self) {
+    /// Puts the optimizer's master values into the model as fresh leaves,
+    /// lent rather than copied: the model's tensors are the master values
+    /// until [`Self::reclaim_optimizer_values`] takes them back.
+    /// `shapes`: every trained parameter's, in order.
+    fn load_optimizer_values(&mut self, shapes: &[[usize; 2]]) {
         let device = self.model.device().clone();
         for (index, param) in self.model.trainable_mut().into_iter().enumerate() {
-            let dims = param.value.dims();
-            let values = self.optimizer.values(index).to_vec();
-            param.value = trainable(float_tensor(values, dims, &device));
+            let values = self.optimizer.lend_values(index);
+            param.value = trainable(float_tensor(values, shapes[index], &device));
         }
     }
+
+    /// Takes the lent master values back from the model before an update
+    /// (nothing to take before the first one). The step's graph is gone by
+    /// then, so each weight's buffer has one owner and comes back without
+    /// a copy; the model holds an empty placeholder until the update puts
+    /// the new values in. Gives every trained parameter's shape.
+    fn reclaim_optimizer_values(&mut self) -> Vec<[usize; 2]> {
+        let device = self.model.device().clone();
+        let mut shapes = Vec::new();
+        for (index, param) in self.model.trainable_mut().into_iter().enumerate() {
+            shapes.push(param.value.dims());
+            if self.optimizer.is_lent(index) {
+                let placeholder = float_tensor(Vec::new(), [0, 0], &device);
+                let values = std::mem::replace(&mut param.value, placeholder).into_vec();
+                self.optimizer.return_values(index, values);
+            }
+        }
+        shapes
+    }
+}
+
+/// Forward and backward of one micro-batch; its gradients, already divided
+/// by the window's label-token count, are added to `grads`.
+fn forward_backward(
+    model: &LlamaModel,
+    attention: AttentionMode,
+    gradient_checkpointing: bool,
+    batch: &[Example],
+    window_label_tokens: usize,
+    grads: &mut GradSums,
+) -> Result<Pass, TrainError> {
+    let collated = Collated::new(batch, attention)?;
+    let input = collated.input();
+    let fed_tokens = input.input_ids().len();
+    let trainable = model.trainable();
+    let divisor = window_label_tokens as f64;
+    let loss_sum = if gradient_checkpointing {
+        // Every trained tensor's part of the gradient, added to its sum.
+        let take = |gradients: &Gradients| {
+            for (index, param) in trainable.iter().enumerate() {
+                if let Some(g) = grad(&param.value, gradients) {
+                    grads.add(index, g);
+                }
+            }
+        };
+        model.loss_backward_checkpointed(&input, divisor, model.head_chunk_rows(), take)?
+    } else {
+        let loss = model.loss_sum(&input)?;
+        let value = loss.value();
+        let mut gradients = backward(&loss.sum.div_scalar(divisor));
+        // Taken out of the container, each gradient is its buffer's only
+        // owner and reaches the sums without a copy.
+        for (index, param) in trainable.iter().enumerate() {
+            if let Some(g) = take_grad(&param.value, &mut gradients) {
+                grads.add(index, g);
+            }
+        }
+        value
+    };
+    Ok(Pass {
+        loss_sum: f64::from(loss_sum),
+        fed_tokens,
+    })
+}
+
+/// Runs `f` on a thread of rayon's pool, where the kernels' parallel loops
+/// and gemm's threads then start without a hand-over: called from outside
+/// the pool, every one of the hundreds of parallel calls of a step queues
+/// its work, wakes a worker through the kernel (a futex) and sleeps until
+/// it is done. That hand-over was 11% of a short-example step on `medium`
+/// (2 threads, a virtual machine); inside the pool it happens once. MPI
+/// calls stay on the calling thread (funneled threading).
+fn on_workers<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
 }
 
 struct Pass {

@@ -59,6 +59,11 @@ pub(crate) trait HostOp<const N: usize>:
     /// the whole output until the backward pass.
     const KEEPS_OUTPUT: bool = true;
 
+    /// Whether the backward pass reads the inputs (kept ops only): a
+    /// linear map with constant coefficients (RoPE) needs only `d_out`,
+    /// and gets empty input values with the inputs' shapes.
+    const KEEPS_INPUTS: bool = true;
+
     /// The output and what to save.
     fn forward(&self, inputs: [HostTensor<'_>; N]) -> HostOutput;
 
@@ -173,6 +178,8 @@ fn forward<Op: HostOp<N>, const N: usize>(
 struct Saved<Op, const N: usize> {
     op: Op,
     inputs: [FlexTensor; N],
+    /// The inputs' shapes, also when their values are not kept.
+    shapes: [Vec<usize>; N],
     output: FlexTensor,
     saved: Arc<Vec<f32>>,
 }
@@ -183,7 +190,8 @@ impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for HostBackwardOf<Op, N> 
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_out = grads.consume::<Flex>(&ops.node).to_contiguous();
         let state = ops.state;
-        let (tensors, shapes) = contiguous(&state.inputs);
+        let (tensors, _) = contiguous(&state.inputs);
+        let shapes = state.shapes;
         let output = state.output.to_contiguous();
         // The forward pass checked every one of these: a failure is a bug.
         let (Ok(inputs), Ok(output_values), Ok(d_out_values)) = (
@@ -243,7 +251,14 @@ fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
             OpsKind::Tracked(prep) => prep.finish(
                 Saved {
                     op,
-                    inputs: primitives,
+                    shapes: primitives.each_ref().map(|t| t.layout().shape().to_vec()),
+                    inputs: if Op::KEEPS_INPUTS {
+                        primitives
+                    } else {
+                        [(); N].map(|()| {
+                            FlexTensor::from_data(TensorData::new(Vec::<f32>::new(), [0]))
+                        })
+                    },
                     output: if Op::KEEPS_OUTPUT {
                         output.clone()
                     } else {

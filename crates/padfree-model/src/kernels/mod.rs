@@ -15,6 +15,8 @@
 //! `quant_matmul.rs` is QLoRA's frozen linear layer: `x W^T` and its input
 //! gradient with `W` in GGUF blocks, dequantised a tile at a time.
 //!
+//! `rope.rs` is the rotary position embedding of queries and keys.
+//!
 //! `linear.rs` is a linear layer's `x W^T` and its two gradients, and
 //! `gemm.rs` the products on host slices it and the other kernels call
 //! (burn-flex's gemm kernels without its zeroed, copied outputs).
@@ -33,6 +35,7 @@ mod linear;
 mod lora_linear;
 pub mod quant_matmul;
 mod rms_norm;
+mod rope;
 mod simd;
 mod swiglu;
 
@@ -46,6 +49,7 @@ pub use linear::{composed_linear, fused_linear};
 pub use lora_linear::{LoraFactors, LoraLayer, composed_lora_linear, lora_linear};
 pub use quant_matmul::{composed_quant_linear, quant_linear};
 pub use rms_norm::{composed_rms_norm, rms_norm};
+pub use rope::{RopeTables, composed_rope, rope};
 pub use swiglu::{composed_swiglu, swiglu};
 
 /// True on burn's Flex device, where the host kernels run.
@@ -61,6 +65,7 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
             ("cross-entropy", "fused host kernel"),
             ("RMSNorm", "fused host kernel"),
             ("SwiGLU", "fused host kernel"),
+            ("RoPE", "fused host kernel"),
             ("linear and LoRA layers", "fused host kernels (gemm)"),
         ];
     }
@@ -69,6 +74,7 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
         ("cross-entropy", "composed burn ops (no CubeCL kernel yet)"),
         ("RMSNorm", "composed burn ops (no CubeCL kernel yet)"),
         ("SwiGLU", "composed burn ops (no CubeCL kernel yet)"),
+        ("RoPE", "composed burn ops (no CubeCL kernel yet)"),
         (
             "linear and LoRA layers",
             "burn's matmul (composed LoRA layer)",

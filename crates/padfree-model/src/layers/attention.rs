@@ -120,8 +120,8 @@ impl Attention<'_> {
         let q = project(x.clone(), &self.q_proj, self.q_bias)?;
         let k = project(x.clone(), &self.k_proj, self.k_bias)?;
         let v = project(x, &self.v_proj, self.v_bias)?.reshape([n, hkv, d]);
-        let q = rope.apply(per_head_norm(q, h, d, self.q_norm.as_ref())?);
-        let k = rope.apply(per_head_norm(k, hkv, d, self.k_norm.as_ref())?);
+        let q = rope.apply(per_head_norm(q, h, d, self.q_norm.as_ref())?)?;
+        let k = rope.apply(per_head_norm(k, hkv, d, self.k_norm.as_ref())?)?;
         let context = match layout {
             AttentionLayout::Varlen {
                 rows,
