@@ -68,6 +68,10 @@ fn main() -> Result<()> {
                     mfu.push((f64::from(batch), share));
                 }
             }
+            // A model and data set not run (a partial grid) gets no legend entry.
+            if speedup.is_empty() {
+                continue;
+            }
             speedups.push(Series {
                 label: label.clone(),
                 points: speedup,

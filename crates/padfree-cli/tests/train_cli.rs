@@ -490,6 +490,18 @@ fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
     let runs = report["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 6, "every mode twice");
     let field = |r: &serde_json::Value, name: &str| r[name].as_f64().unwrap_or(f64::NAN);
+    // MFU is against the faster of the calibrations before and after the runs.
+    let peak = &report["peak"];
+    let (before, after) = (
+        field(peak, "calibrated_before"),
+        field(peak, "calibrated_after"),
+    );
+    assert!(before > 0.0 && after > 0.0, "{peak}");
+    assert_eq!(
+        field(peak, "calibrated_gflops"),
+        before.max(after),
+        "{peak}"
+    );
     let (padded, varlen) = (&results[0], &results[2]);
     assert_eq!(
         field(padded, "real_tokens"),

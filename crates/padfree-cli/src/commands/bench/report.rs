@@ -298,8 +298,8 @@ impl Report {
             |t| format!("theoretical peak {:.1} GFLOP/s ({})", t.gflops, t.what),
         );
         format!(
-            "Peaks for MFU: calibration matmul (1024x1024x1024 f32 through burn's Flex backend, best of 5) {:.1} GFLOP/s; {theoretical}. Model FLOPs: 6 x layer matmul parameters x real tokens + 6 x V x C x labelled rows + 6 x layers x H x D x sum of squared example lengths (docs/model.md, \"Model FLOPs and MFU\").",
-            self.peak.calibrated_gflops
+            "Peaks for MFU: calibration matmul (1024x1024x1024 f32 through burn's Flex backend, best of 5 before the runs and best of 5 after, the higher taken) {:.1} GFLOP/s (before {:.1}, after {:.1}); {theoretical}. Model FLOPs: 6 x layer matmul parameters x real tokens + 6 x V x C x labelled rows + 6 x layers x H x D x sum of squared example lengths (docs/model.md, \"Model FLOPs and MFU\").",
+            self.peak.calibrated_gflops, self.peak.calibrated_before, self.peak.calibrated_after
         )
     }
 
