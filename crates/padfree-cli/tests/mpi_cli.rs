@@ -1,7 +1,9 @@
 //! `mpirun -np W padfree train` end to end (feature `mpi`; needs Open MPI's
 //! `mpirun`): W ranks give one process's losses and weights when it
 //! accumulates over the same multipack bins; the same world size twice is
-//! byte-identical; resume continues exactly; a rank that dies ends the job.
+//! byte-identical; resume continues exactly, and on another world size with
+//! the same micro-batches per step to f32 rounding; ZeRO stage 1 gives the
+//! unsharded run's losses; a rank that dies ends the job.
 //!
 //! `cargo test -p padfree-cli --features mpi --test mpi_cli`. Launch
 //! settings keep the ranks on loopback and off core pinning, and let CI run
@@ -180,18 +182,18 @@ fn ranks_match_one_process_and_repeat_bit_identically() {
     assert!(output.status.success(), "{}", stderr(&output));
     let reference_losses = step_losses(&one);
     let reference = weights(&one);
-    for (run, (ranks, accumulation)) in [(2, 2), (4, 1), (2, 2)].into_iter().enumerate() {
+    // The ring (the default) and gather-and-add on 4 ranks.
+    let runs = [
+        (2, 2, "ring"),
+        (4, 1, "ring"),
+        (4, 1, "gather"),
+        (2, 2, "ring"),
+    ];
+    for (run, (ranks, accumulation, exchange)) in runs.into_iter().enumerate() {
         let out = dir.join(format!("ranks-{ranks}-run-{run}"));
-        let output = mpirun(
-            ranks,
-            &as_str(&run_args(
-                &config,
-                &data,
-                &out.display().to_string(),
-                accumulation,
-            )),
-            &[],
-        );
+        let mut args = run_args(&config, &data, &out.display().to_string(), accumulation);
+        args.extend(["--ddp-exchange".to_owned(), exchange.to_owned()]);
+        let output = mpirun(ranks, &as_str(&args), &[]);
         assert!(
             output.status.success(),
             "{ranks} ranks: {}",
@@ -287,7 +289,7 @@ fn resume_under_mpi_continues_exactly() {
     );
     let read = |d: &Path| std::fs::read(d.join("model.safetensors")).expect("model");
     assert!(read(&resumed) == read(&straight), "resumed weights differ");
-    // Another world size is refused by name.
+    // Another number of micro-batches per step is refused by name.
     let mut args = run_args(&config, &data, &dir.join("one").display().to_string(), 1);
     args.extend([
         "--resume-from-checkpoint".to_owned(),
@@ -297,6 +299,103 @@ fn resume_under_mpi_continues_exactly() {
     assert!(!output.status.success());
     assert!(
         stderr(&output).contains("world_size"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+fn assert_close(ours: &[f64], theirs: &[f64], what: &str) {
+    assert_eq!(ours.len(), theirs.len(), "{what}");
+    for (step, (a, b)) in ours.iter().zip(theirs).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs(),
+            "{what}, step {}: {a} vs {b}",
+            step + 1
+        );
+    }
+}
+
+/// ZeRO stage 1 on 2 ranks against the unsharded 2-rank run; its
+/// checkpoint holds whole moments; it resumes on 4 ranks x 1 micro-batch,
+/// and that run's checkpoint back on 2 ranks x 2 without sharding: every
+/// step's loss within 1e-6 of the uninterrupted 2-rank run. A world size
+/// that changes the micro-batches per step is refused.
+#[test]
+fn sharded_optimizer_and_resume_on_other_world_sizes() {
+    let guard = scratch("mpi-zero");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let run = |ranks: usize, accumulation: usize, out: &Path, extra: &[&str]| {
+        let mut args = run_args(&config, &data, &out.display().to_string(), accumulation);
+        let mut extra = extra.iter();
+        while let Some(&flag) = extra.next() {
+            let value = (*extra.next().expect("a value")).to_owned();
+            // A flag of the common ones takes the new value in place.
+            match args.iter().position(|a| a == flag) {
+                Some(at) => args[at + 1] = value,
+                None => args.extend([flag.to_owned(), value]),
+            }
+        }
+        let output = mpirun(ranks, &as_str(&args), &[]);
+        assert!(
+            output.status.success(),
+            "{ranks} ranks: {}",
+            stderr(&output)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let straight = dir.join("straight");
+    run(2, 2, &straight, &[]);
+    let reference = step_losses(&straight);
+
+    let sharded = dir.join("sharded");
+    let stdout = run(2, 2, &sharded, &["--zero-stage", "1"]);
+    assert!(stdout.contains("ZeRO stage 1"), "{stdout}");
+    assert_close(&step_losses(&sharded), &reference, "ZeRO stage 1");
+    // One set of whole moments, named and shaped as without sharding.
+    let moments = |d: &Path| tensors_of(&d.join("checkpoint-3").join("optimizer.safetensors"));
+    let (ours, theirs) = (moments(&sharded), moments(&straight));
+    assert_eq!(ours.len(), theirs.len());
+    for ((name, a), (other, b)) in ours.iter().zip(&theirs) {
+        assert_eq!((name, a.len()), (other, b.len()));
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+        let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(worst <= 1e-5 * scale, "{name}: {worst} of {scale}");
+    }
+
+    let four = dir.join("four");
+    let from = sharded.join("checkpoint-3").display().to_string();
+    let stdout = run(
+        4,
+        1,
+        &four,
+        &[
+            "--zero-stage",
+            "1",
+            "--save-steps",
+            "1",
+            "--resume-from-checkpoint",
+            &from,
+        ],
+    );
+    assert!(
+        stdout.contains("resuming a run saved as 2 ranks x 2"),
+        "{stdout}"
+    );
+    assert_close(&step_losses(&four), &reference, "2 ranks -> 4");
+
+    let back = dir.join("back");
+    let from = four.join("checkpoint-4").display().to_string();
+    run(2, 2, &back, &["--resume-from-checkpoint", &from]);
+    assert_close(&step_losses(&back), &reference, "4 ranks -> 2");
+
+    // 4 x 2 micro-batches per step would be other steps: refused, with the fix.
+    let mut args = run_args(&config, &data, &dir.join("other").display().to_string(), 2);
+    args.extend(["--resume-from-checkpoint".to_owned(), from]);
+    let output = mpirun(4, &as_str(&args), &[]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("--gradient-accumulation-steps 1"),
         "{}",
         stderr(&output)
     );

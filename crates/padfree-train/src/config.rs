@@ -128,6 +128,29 @@ impl BalanceBy {
     }
 }
 
+/// How the ranks sum their gradients (`--ddp-exchange`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Exchange {
+    /// Ring reduce-scatter + all-gather: `2 (W - 1) / W` of the gradients
+    /// sent and received per rank, summed in f32 in a fixed ring order.
+    #[default]
+    Ring,
+    /// Every rank gathers every other rank's gradients and adds them in
+    /// rank order in f64: `W - 1` buffers received per rank (in f64).
+    Gather,
+}
+
+impl Exchange {
+    /// The name `--ddp-exchange` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ring => "ring",
+            Self::Gather => "gather",
+        }
+    }
+}
+
 /// The learning-rate schedule after warm-up (HF `lr_scheduler_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -176,6 +199,14 @@ pub struct TrainConfig {
     /// plan, and so the run, depends on it.
     #[serde(default = "one")]
     pub world_size: usize,
+    /// How the ranks sum their gradients.
+    #[serde(default)]
+    pub ddp_exchange: Exchange,
+    /// DeepSpeed's ZeRO stage: 0 keeps AdamW's moments whole on every rank,
+    /// 1 shards them (each rank updates `1/W` of the weights after a
+    /// reduce-scatter; an all-gather brings every rank the new weights).
+    #[serde(default)]
+    pub zero_stage: u8,
     /// Peak learning rate.
     pub learning_rate: f64,
     /// Decoupled weight decay, not applied to norm weights and biases.
@@ -221,6 +252,8 @@ impl Default for TrainConfig {
             batching: Batching::Examples(8),
             gradient_accumulation_steps: 1,
             world_size: 1,
+            ddp_exchange: Exchange::Ring,
+            zero_stage: 0,
             learning_rate: 5e-5,
             weight_decay: 0.0,
             adam_beta1: 0.9,
@@ -289,6 +322,20 @@ impl TrainConfig {
                 "world-size",
                 "must be at least 1".into(),
                 "launch with mpirun -np N, or run one process",
+            );
+        }
+        if self.zero_stage > 1 {
+            return refuse(
+                "zero-stage",
+                format!("stage {} is not offered", self.zero_stage),
+                "use 1 (sharded optimizer state) or 0 (none)",
+            );
+        }
+        if self.zero_stage == 1 && self.ddp_exchange == Exchange::Gather {
+            return refuse(
+                "zero-stage",
+                "a sharded optimizer needs the ring's reduce-scatter".into(),
+                "drop --ddp-exchange gather, or use --zero-stage 0",
             );
         }
         if self.gradient_accumulation_steps == 0 {

@@ -8,7 +8,8 @@ use rayon::prelude::*;
 use padfree_model::Param;
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, cat, float_tensor, with_host_values};
 
-use crate::comm::Communicator;
+use crate::comm::{Communicator, Flat};
+use crate::config::Exchange;
 use crate::error::TrainError;
 
 /// Every parameter's gradient sum, in parameter order; empty (host) or
@@ -97,15 +98,23 @@ impl GradSums {
         }
     }
 
-    /// Sums the ranks' gradients through one flat host buffer in parameter
-    /// order; every rank gets the same bits.
+    /// Sums the ranks' gradients, laid end to end in parameter order;
+    /// every rank gets the same bits. The ring runs over the host sums
+    /// where they are; gather-and-add (and a device's sums) go through one
+    /// flat host copy.
     pub(crate) fn all_reduce(
         &mut self,
         comm: &dyn Communicator,
         device: &Device,
+        exchange: Exchange,
     ) -> Result<(), TrainError> {
         let mut flat: Vec<f32> = Vec::new();
         match self {
+            Self::Host(sums) if exchange == Exchange::Ring => {
+                let mut parts: Vec<&mut [f32]> = sums.iter_mut().map(Vec::as_mut_slice).collect();
+                comm.reduce_scatter_sum_f32(&mut parts)?;
+                comm.all_gather_f32(&mut parts)?;
+            }
             Self::Host(sums) => {
                 flat.reserve(sums.iter().map(Vec::len).sum());
                 for g in sums.iter() {
@@ -130,7 +139,13 @@ impl GradSums {
                     })
                     .collect();
                 flat = cat(flattened, 0).into_vec();
-                comm.all_reduce_sum_f32(&mut flat)?;
+                match exchange {
+                    Exchange::Ring => {
+                        comm.reduce_scatter_sum_f32(&mut [flat.as_mut_slice()])?;
+                        comm.all_gather_f32(&mut [flat.as_mut_slice()])?;
+                    }
+                    Exchange::Gather => comm.all_reduce_sum_f32(&mut flat)?,
+                }
                 let mut rest = flat.as_slice();
                 for (acc, dims) in sums.iter_mut().zip(dims) {
                     let (head, tail) = rest.split_at(dims[0] * dims[1]);
@@ -140,6 +155,39 @@ impl GradSums {
             }
         }
         Ok(())
+    }
+
+    /// ZeRO stage 1: the ring's reduce-scatter alone, so this rank's shard
+    /// of the host sums holds the sums over all ranks (the rest are partial
+    /// sums, left unused). Returns the L2 norm of all gradients, from every
+    /// rank's sum of squares of its shard, added in rank order in f64.
+    pub(crate) fn reduce_scatter(
+        &mut self,
+        comm: &dyn Communicator,
+        shard: std::ops::Range<usize>,
+    ) -> Result<f64, TrainError> {
+        let Self::Host(sums) = self else {
+            return Err(TrainError::Config {
+                flag: "zero-stage",
+                message: "the sharded optimizer runs on the CPU only".into(),
+                hint: "use --zero-stage 0 on a GPU",
+            });
+        };
+        let mut parts: Vec<&mut [f32]> = sums.iter_mut().map(Vec::as_mut_slice).collect();
+        comm.reduce_scatter_sum_f32(&mut parts)?;
+        let flat = Flat::new(&mut parts);
+        let per_chunk: Vec<f64> = (0..shard.len().div_ceil(NORM_CHUNK))
+            .into_par_iter()
+            .map(|k| {
+                let start = shard.start + k * NORM_CHUNK;
+                let mut own = Vec::new();
+                flat.read(start..(start + NORM_CHUNK).min(shard.end), &mut own);
+                sum_of_squares(&own)
+            })
+            .collect();
+        let mut squares = [per_chunk.iter().sum::<f64>()];
+        comm.all_reduce_sum_f64(&mut squares)?;
+        Ok(squares[0].sqrt())
     }
 
     /// The L2 norm of all gradients together. On the host in f64, over

@@ -49,7 +49,7 @@ mod trainer;
 pub use best_model::BestModel;
 pub use comm::{CommError, Communicator, LocalGroup, SingleProcess};
 pub use config::{
-    AttentionMode, BalanceBy, Batching, Multipack, Packer, SaveStrategy, SchedulerKind,
+    AttentionMode, BalanceBy, Batching, Exchange, Multipack, Packer, SaveStrategy, SchedulerKind,
     TrainConfig, Warmup,
 };
 pub use error::TrainError;

@@ -33,6 +33,11 @@ pub struct StepMetrics {
     /// Multipack only: the token capacity of the step's bins together
     /// (bins x capacity), against which `real_tokens` is the packing efficiency.
     pub bin_capacity_tokens: Option<usize>,
+    /// Several ranks: wall time of the gradient exchange (and, with ZeRO
+    /// stage 1, of the weights' all-gather), waiting for slower ranks
+    /// included; 0 in one process.
+    #[serde(default)]
+    pub exchange_seconds: f64,
     /// Wall time of the step.
     pub seconds: f64,
 }
@@ -62,6 +67,10 @@ pub struct LogRecord {
     /// mean (1.0 = every rank equally loaded at every step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_imbalance: Option<f64>,
+    /// Several ranks: mean seconds per step spent in the exchange over the
+    /// interval (waiting for slower ranks included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exchange_seconds: Option<f64>,
     /// With an eval set, at an eval step: the held-out loss per label token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
@@ -90,6 +99,9 @@ impl fmt::Display for LogRecord {
         }
         if let Some(imbalance) = self.rank_imbalance {
             write!(f, " rank imbalance {imbalance:.3}")?;
+        }
+        if let Some(seconds) = self.exchange_seconds {
+            write!(f, " exchange {seconds:.3} s/step")?;
         }
         if let (Some(loss), Some(perplexity)) = (self.eval_loss, self.eval_perplexity) {
             write!(

@@ -1,5 +1,9 @@
+use std::ops::Range;
+
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, float_tensor};
 use rayon::prelude::*;
+
+use crate::comm::{CommError, Communicator, shard_range};
 
 /// AdamW with decoupled weight decay, step for step as PyTorch's
 /// `torch.optim.AdamW` (non-fused) computes it, in f32.
@@ -25,8 +29,17 @@ pub struct AdamW {
 struct ParamState {
     name: String,
     decays: bool,
+    /// `[N]`, the whole parameter (every rank holds every weight).
     values: Vec<f32>,
+    /// `N`.
+    numel: usize,
+    /// The elements this rank updates and keeps moments of: all of them
+    /// unsharded, its part of the rank's shard with ZeRO stage 1 (maybe
+    /// none).
+    shard: Range<usize>,
+    /// `[shard]`.
     exp_avg: Vec<f32>,
+    /// `[shard]`.
     exp_avg_sq: Vec<f32>,
 }
 
@@ -82,6 +95,8 @@ impl AdamW {
                 decays: decays(&name),
                 exp_avg: vec![0.0; values.len()],
                 exp_avg_sq: vec![0.0; values.len()],
+                numel: values.len(),
+                shard: 0..values.len(),
                 name,
                 values,
             })
@@ -99,6 +114,102 @@ impl AdamW {
     /// Steps taken so far.
     pub fn steps_taken(&self) -> u64 {
         self.step
+    }
+
+    /// ZeRO stage 1: from now on this rank keeps moments for, and updates,
+    /// only `shard_range(N, W, rank)` of the parameters laid end to end in
+    /// order (`N` elements). Moments outside it are dropped (call before
+    /// the first step, or after [`Self::restore`] of whole moments).
+    pub fn shard(&mut self, world_size: usize, rank: usize) {
+        let total: usize = self.groups.iter().map(|g| g.numel).sum();
+        let own = shard_range(total, world_size, rank);
+        let mut start = 0;
+        for group in &mut self.groups {
+            let (lo, hi) = (own.start.max(start), own.end.min(start + group.numel));
+            let local = if lo < hi {
+                lo - start..hi - start
+            } else {
+                0..0
+            };
+            let keep = |v: &mut Vec<f32>, from: &Range<usize>| {
+                let cut = local.start - from.start..local.end - from.start;
+                *v = v[cut].to_vec();
+            };
+            let from = group.shard.clone();
+            keep(&mut group.exp_avg, &from);
+            keep(&mut group.exp_avg_sq, &from);
+            group.shard = local;
+            start += group.numel;
+        }
+    }
+
+    /// Whether some parameter's moments are held only in part.
+    pub fn is_sharded(&self) -> bool {
+        self.groups.iter().any(|g| g.shard.len() != g.numel)
+    }
+
+    /// Bytes of moments this rank holds.
+    pub fn moment_bytes(&self) -> usize {
+        self.groups.iter().map(|g| 8 * g.exp_avg.len()).sum()
+    }
+
+    /// The same optimizer with every rank's moments gathered whole (for a
+    /// checkpoint, which holds one set of moments whatever the world size);
+    /// the values are left out (they are the model's).
+    pub fn gathered(&self, comm: &dyn Communicator) -> Result<AdamW, CommError> {
+        let whole = |pick: fn(&ParamState) -> &Vec<f32>| -> Vec<Vec<f32>> {
+            self.groups
+                .iter()
+                .map(|g| {
+                    let mut v = vec![0.0f32; g.numel];
+                    v[g.shard.clone()].copy_from_slice(pick(g));
+                    v
+                })
+                .collect()
+        };
+        let (mut exp_avg, mut exp_avg_sq) = (whole(|g| &g.exp_avg), whole(|g| &g.exp_avg_sq));
+        for moments in [&mut exp_avg, &mut exp_avg_sq] {
+            let mut parts: Vec<&mut [f32]> = moments.iter_mut().map(Vec::as_mut_slice).collect();
+            comm.all_gather_f32(&mut parts)?;
+        }
+        let groups = self
+            .groups
+            .iter()
+            .zip(exp_avg.into_iter().zip(exp_avg_sq))
+            .map(|(g, (exp_avg, exp_avg_sq))| ParamState {
+                name: g.name.clone(),
+                decays: g.decays,
+                values: Vec::new(),
+                numel: g.numel,
+                shard: 0..g.numel,
+                exp_avg,
+                exp_avg_sq,
+            })
+            .collect();
+        Ok(AdamW {
+            groups,
+            ..self.clone_without_groups()
+        })
+    }
+
+    fn clone_without_groups(&self) -> AdamW {
+        AdamW {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            epsilon: self.epsilon,
+            weight_decay: self.weight_decay,
+            groups: Vec::new(),
+            step: self.step,
+        }
+    }
+
+    /// Every parameter's whole values, for the all-gather of the weights
+    /// each rank updated its shard of.
+    pub(crate) fn values_mut(&mut self) -> Vec<&mut [f32]> {
+        self.groups
+            .iter_mut()
+            .map(|g| g.values.as_mut_slice())
+            .collect()
     }
 
     /// One update with `grads` (same order and sizes as the parameters),
@@ -122,13 +233,13 @@ impl AdamW {
                 bias_correction2_sqrt,
             };
             // Every element is updated on its own, so splitting the work over
-            // threads leaves the result bit-identical.
-            state
-                .values
+            // threads (or ranks) leaves the result bit-identical.
+            let shard = state.shard.clone();
+            state.values[shard.clone()]
                 .par_chunks_mut(ELEMENTS_PER_TASK)
                 .zip(state.exp_avg.par_chunks_mut(ELEMENTS_PER_TASK))
                 .zip(state.exp_avg_sq.par_chunks_mut(ELEMENTS_PER_TASK))
-                .zip(grad.par_chunks(ELEMENTS_PER_TASK))
+                .zip(grad[shard].par_chunks(ELEMENTS_PER_TASK))
                 .for_each(|(((values, exp_avg), exp_avg_sq), grad)| {
                     update.apply(values, exp_avg, exp_avg_sq, grad);
                 });
@@ -149,7 +260,7 @@ impl AdamW {
 
     /// Whether parameter `index`'s values are lent out.
     pub(crate) fn is_lent(&self, index: usize) -> bool {
-        self.groups[index].values.is_empty() && !self.groups[index].exp_avg.is_empty()
+        self.groups[index].values.is_empty() && self.groups[index].numel > 0
     }
 
     /// Takes back what [`Self::lend_values`] lent (the same length).
@@ -157,7 +268,7 @@ impl AdamW {
         let group = &mut self.groups[index];
         assert_eq!(
             values.len(),
-            group.exp_avg.len(),
+            group.numel,
             "parameter {} came back with another size",
             group.name
         );
@@ -174,7 +285,8 @@ impl AdamW {
         self.groups.is_empty()
     }
 
-    /// `(name, exp_avg, exp_avg_sq)` of every parameter, for checkpoints.
+    /// `(name, exp_avg, exp_avg_sq)` of every parameter, for checkpoints
+    /// (this rank's part of them when sharded: see [`Self::gathered`]).
     pub fn moments(&self) -> impl Iterator<Item = (&str, &[f32], &[f32])> {
         self.groups.iter().map(|g| {
             (
@@ -185,16 +297,18 @@ impl AdamW {
         })
     }
 
-    /// Restores moments and the step count saved by a checkpoint.
+    /// Restores moments and the step count saved by a checkpoint (whole
+    /// moments, whatever world size wrote them: a sharded optimizer keeps
+    /// its shard of them, cut again for this world size).
     pub(crate) fn restore(
         &mut self,
         step: u64,
         mut moments: impl FnMut(&str, usize) -> Result<(Vec<f32>, Vec<f32>), String>,
     ) -> Result<(), String> {
         for group in &mut self.groups {
-            let (exp_avg, exp_avg_sq) = moments(&group.name, group.exp_avg.len())?;
-            group.exp_avg = exp_avg;
-            group.exp_avg_sq = exp_avg_sq;
+            let (exp_avg, exp_avg_sq) = moments(&group.name, group.numel)?;
+            group.exp_avg = exp_avg[group.shard.clone()].to_vec();
+            group.exp_avg_sq = exp_avg_sq[group.shard.clone()].to_vec();
         }
         self.step = step;
         Ok(())
@@ -336,6 +450,53 @@ mod tests {
             (expected - expected_no_decay).abs() > 1e-4,
             "the test must tell decay from no decay"
         );
+    }
+
+    /// Three shards updated apart and put together are the unsharded
+    /// update, bit for bit; the moments held add up to the unsharded ones.
+    #[test]
+    fn sharded_updates_put_together_are_the_unsharded_update() {
+        let params = || -> Vec<(String, Vec<f32>)> {
+            [
+                ("a.weight", 7usize),
+                ("model.norm.weight", 2),
+                ("b.weight", 9),
+            ]
+            .iter()
+            .enumerate()
+            .map(|(k, &(name, n))| {
+                let values = (0..n).map(|i| (i as f32 - 3.0) * 0.1 + k as f32).collect();
+                (name.to_owned(), values)
+            })
+            .collect()
+        };
+        let grads: Vec<Vec<f32>> = params()
+            .iter()
+            .map(|(_, v)| v.iter().map(|x| x.sin()).collect())
+            .collect();
+        let mut whole = AdamW::new(params(), 0.9, 0.999, 1e-8, 0.1);
+        for _ in 0..3 {
+            whole.step(&grads, 0.7, 1e-2);
+        }
+        let mut bytes = 0;
+        let mut combined: Vec<Vec<f32>> = params().into_iter().map(|(_, v)| v).collect();
+        for rank in 0..3 {
+            let mut part = AdamW::new(params(), 0.9, 0.999, 1e-8, 0.1);
+            part.shard(3, rank);
+            assert!(part.is_sharded());
+            for _ in 0..3 {
+                part.step(&grads, 0.7, 1e-2);
+            }
+            bytes += part.moment_bytes();
+            for (index, group) in part.groups.iter().enumerate() {
+                let shard = group.shard.clone();
+                combined[index][shard.clone()].copy_from_slice(&part.values(index)[shard]);
+            }
+        }
+        assert_eq!(bytes, whole.moment_bytes());
+        for (index, values) in combined.iter().enumerate() {
+            assert_eq!(values, whole.values(index), "parameter {index}");
+        }
     }
 
     #[test]

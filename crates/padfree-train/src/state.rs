@@ -72,7 +72,7 @@ pub struct DataIdentity {
 }
 
 /// How a resumed run goes on from its saved state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Continuation {
     /// The same run, bit-identically.
     Exact,
@@ -83,6 +83,27 @@ pub enum Continuation {
         /// The saved run's total steps.
         saved: usize,
     },
+    /// The same global batches on another layout of ranks: another world
+    /// size with the same `W x A` micro-batches per step, or another
+    /// exchange or ZeRO stage. The steps train on the same examples and the
+    /// moments are re-cut; the gradient sums add the ranks' parts in
+    /// another order, so the run matches the saved layout's to f32
+    /// rounding, not bit for bit.
+    Relaid {
+        /// The saved layout, for the log (`2 ranks x 2 micro-batches, ring`).
+        saved: String,
+    },
+}
+
+/// `W x A`, the exchange and the ZeRO stage of a config, for the log.
+pub(crate) fn layout(config: &TrainConfig) -> String {
+    format!(
+        "{} ranks x {} micro-batches, {} exchange, ZeRO stage {}",
+        config.world_size,
+        config.gradient_accumulation_steps,
+        config.ddp_exchange.name(),
+        config.zero_stage
+    )
 }
 
 impl TrainerState {
@@ -109,12 +130,56 @@ impl TrainerState {
             ));
         }
         let extends = self.global_step == self.total_steps && now.total_steps > self.total_steps;
-        let free: &[&str] = if extends {
-            &["max_steps", "num_train_epochs"]
-        } else {
-            &[]
-        };
-        if let Some(field) = differing_setting(&self.config, &now.config, free) {
+        // The plan depends on the ranks only through `W x A` (every step
+        // holds the same micro-batches for the same product), so another
+        // world size with the same product resumes the same steps.
+        let same_batches = self.config.global_micro_batches() == now.config.global_micro_batches();
+        if !same_batches
+            && (
+                self.config.world_size,
+                self.config.gradient_accumulation_steps,
+            ) != (
+                now.config.world_size,
+                now.config.gradient_accumulation_steps,
+            )
+        {
+            let (w, a) = (
+                self.config.world_size,
+                self.config.gradient_accumulation_steps,
+            );
+            let w_now = now.config.world_size;
+            let hint = if (w * a) % w_now == 0 {
+                format!(
+                    "keep {} micro-batches per step: with {w_now} ranks give --gradient-accumulation-steps {}",
+                    w * a,
+                    w * a / w_now
+                )
+            } else {
+                format!(
+                    "resume on a number of ranks that divides {} (the saved run's {w} ranks x {a} micro-batches per step)",
+                    w * a
+                )
+            };
+            return Err(refuse(
+                format!(
+                    "the run was saved with world_size {w} x gradient_accumulation_steps {a} = {} micro-batches per step; now {w_now} x {} = {}: the steps would hold other examples",
+                    w * a,
+                    now.config.gradient_accumulation_steps,
+                    now.config.global_micro_batches()
+                ),
+                &hint,
+            ));
+        }
+        let mut free: Vec<&str> = vec![
+            "world_size",
+            "gradient_accumulation_steps",
+            "ddp_exchange",
+            "zero_stage",
+        ];
+        if extends {
+            free.extend(["max_steps", "num_train_epochs"]);
+        }
+        if let Some(field) = differing_setting(&self.config, &now.config, &free) {
             return Err(refuse(
                 format!("the run was saved with a different `{field}` than given now"),
                 if matches!(field.as_str(), "max_steps" | "num_train_epochs") {
@@ -149,6 +214,11 @@ impl TrainerState {
                 ),
                 "resume with the same --max-steps / --num-train-epochs; only a finished run can be extended with more steps",
             ));
+        }
+        if layout(&self.config) != layout(&now.config) {
+            return Ok(Continuation::Relaid {
+                saved: layout(&self.config),
+            });
         }
         Ok(Continuation::Exact)
     }

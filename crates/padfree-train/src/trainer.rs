@@ -231,13 +231,23 @@ impl Trainer {
             .into_iter()
             .map(|p| (p.name().to_owned(), p.value.clone().into_vec()))
             .collect();
-        let optimizer = AdamW::new(
+        let mut optimizer = AdamW::new(
             params,
             config.adam_beta1,
             config.adam_beta2,
             config.adam_epsilon,
             config.weight_decay,
         );
+        if config.zero_stage == 1 && comm.world_size() > 1 {
+            if !model.on_cpu() {
+                return Err(TrainError::Config {
+                    flag: "zero-stage",
+                    message: "the sharded optimizer runs on the CPU only".into(),
+                    hint: "use --zero-stage 0 on a GPU",
+                });
+            }
+            optimizer.shard(comm.world_size(), comm.rank());
+        }
         Ok(Self {
             data_fingerprint: fingerprint(&examples),
             model,
@@ -311,11 +321,20 @@ impl Trainer {
         // when it was written (moved and copied runs resume too).
         let run_dir = checkpoint_dir.parent().unwrap_or(Path::new(""));
         trainer.apply_state(saved, run_dir);
-        if let Continuation::Extends { saved } = continuation {
-            let total = trainer.plan.len();
-            trainer.notes.push(format!(
-                "extending the finished run of {saved} steps to {total}: its steps are the first {saved} of the longer plan, but the learning-rate schedule is recomputed over {total} steps, so this is not one uninterrupted {total}-step run"
-            ));
+        match continuation {
+            Continuation::Extends { saved } => {
+                let total = trainer.plan.len();
+                trainer.notes.push(format!(
+                    "extending the finished run of {saved} steps to {total}: its steps are the first {saved} of the longer plan, but the learning-rate schedule is recomputed over {total} steps, so this is not one uninterrupted {total}-step run"
+                ));
+            }
+            Continuation::Relaid { saved } => {
+                trainer.notes.push(format!(
+                    "resuming a run saved as {saved} on {}: every step trains the same examples and the optimizer state is re-cut, but the ranks' gradients are added in another order, so the losses match the saved layout's to f32 rounding, not bit for bit",
+                    crate::state::layout(&trainer.config)
+                ));
+            }
+            Continuation::Exact => {}
         }
         trainer.last_checkpoint = Some(checkpoint_dir.to_owned());
         Ok(trainer)
@@ -812,12 +831,20 @@ impl Trainer {
         if let Some(device) = &self.device_optimizer {
             self.optimizer.copy_from_device(device);
         }
+        // A checkpoint holds whole moments whatever the world size, so any
+        // world size can resume it: sharded ones are gathered first (every
+        // rank takes part; the copy lives until the files are written).
+        let gathered = if self.optimizer.is_sharded() {
+            Some(self.optimizer.gathered(self.comm.as_ref())?)
+        } else {
+            None
+        };
         let dir = if self.writes_outputs() {
             let state = self.state();
             let snapshot = Snapshot {
                 state: &state,
                 model: &self.model,
-                optimizer: &self.optimizer,
+                optimizer: gathered.as_ref().unwrap_or(&self.optimizer),
                 artifacts: &self.artifacts,
             };
             checkpoint::write(&self.output_dir, snapshot).map_err(|err| self.save_failed(err))?
@@ -928,15 +955,27 @@ impl Trainer {
         self.model.set_lora_dropout_seed(None);
         let device = self.model.device().clone().inner();
         grads.zero_where_missing(&self.model.trainable(), &device);
+        let sharded = self.optimizer.is_sharded();
+        let exchange_started = Instant::now();
+        let mut norm_of_shards = None;
         if self.comm.world_size() > 1 {
-            grads.all_reduce(self.comm.as_ref(), &device)?;
+            if sharded {
+                let (comm, shard) = (self.comm.as_ref(), self.shard());
+                norm_of_shards = Some(grads.reduce_scatter(comm, shard)?);
+            } else {
+                grads.all_reduce(self.comm.as_ref(), &device, self.config.ddp_exchange)?;
+            }
             let mut scalars = [loss_sum, fed_tokens as f64];
             self.comm.all_reduce_sum_f64(&mut scalars)?;
             (loss_sum, fed_tokens) = (scalars[0], scalars[1] as usize);
         }
+        let mut exchange_seconds = exchange_started.elapsed().as_secs_f64();
         let step = self.global_step + 1;
         let loss = loss_sum / label_tokens.max(1) as f64;
-        let grad_norm = on_workers(|| grads.global_norm());
+        let grad_norm = match norm_of_shards {
+            Some(norm) => norm,
+            None => on_workers(|| grads.global_norm()),
+        };
         for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
             if !value.is_finite() {
                 return Err(TrainError::NonFinite {
@@ -961,6 +1000,13 @@ impl Trainer {
                 let shapes = self.reclaim_optimizer_values();
                 let optimizer = &mut self.optimizer;
                 on_workers(|| optimizer.step(&grads, clip as f32, learning_rate));
+                drop(grads);
+                if sharded {
+                    // Each rank updated its shard; every rank needs all of them.
+                    let gathering = Instant::now();
+                    self.comm.all_gather_f32(&mut self.optimizer.values_mut())?;
+                    exchange_seconds += gathering.elapsed().as_secs_f64();
+                }
                 self.load_optimizer_values(&shapes);
             }
             GradSums::Device(grads) => {
@@ -1003,8 +1049,16 @@ impl Trainer {
             sum_squared_lengths,
             rank_real_tokens,
             bin_capacity_tokens,
+            exchange_seconds,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// This rank's shard of the trained parameters laid end to end (ZeRO
+    /// stage 1).
+    fn shard(&self) -> std::ops::Range<usize> {
+        let total: usize = self.model.trainable().iter().map(|p| p.numel()).sum();
+        crate::comm::shard_range(total, self.comm.world_size(), self.comm.rank())
     }
 
     /// The seed of the LoRA dropout of this step's micro-batch of
@@ -1122,6 +1176,8 @@ struct Interval {
     bin_capacity_tokens: Option<usize>,
     busiest_rank_tokens: usize,
     world_size: usize,
+    exchange_seconds: f64,
+    steps: usize,
 }
 
 impl Interval {
@@ -1133,6 +1189,8 @@ impl Interval {
         }
         self.busiest_rank_tokens += metrics.rank_real_tokens.iter().copied().max().unwrap_or(0);
         self.world_size = metrics.rank_real_tokens.len();
+        self.exchange_seconds += metrics.exchange_seconds;
+        self.steps += 1;
     }
 
     /// `losses`: every step since the previous log line, across a resume.
@@ -1152,6 +1210,8 @@ impl Interval {
                 let mean = self.real_tokens as f64 / self.world_size as f64;
                 self.busiest_rank_tokens as f64 / mean.max(1e-9)
             }),
+            exchange_seconds: (self.world_size > 1)
+                .then(|| self.exchange_seconds / self.steps.max(1) as f64),
             eval_loss: None,
             eval_perplexity: None,
             eval_runtime: None,

@@ -10,7 +10,7 @@ use padfree_model::device::DeviceChoice;
 
 use super::LoraArgs;
 use padfree_train::{
-    AttentionMode, BalanceBy, Batching, EvalSettings, EvalStrategy, Multipack, Packer,
+    AttentionMode, BalanceBy, Batching, EvalSettings, EvalStrategy, Exchange, Multipack, Packer,
     SaveStrategy, SchedulerKind, TrainConfig, Warmup,
 };
 
@@ -24,6 +24,13 @@ pub enum PackerArg {
 pub enum BalanceArg {
     Tokens,
     Attention,
+}
+
+/// `--ddp-exchange`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExchangeArg {
+    Ring,
+    Gather,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -166,6 +173,16 @@ pub struct TrainArgs {
     /// Micro-batches per optimizer step; the loss is normalised by all their label tokens.
     #[arg(long, default_value_t = 1)]
     pub gradient_accumulation_steps: usize,
+    /// With several ranks, how they sum gradients: a ring reduce-scatter +
+    /// all-gather (2 (W-1)/W of the gradients per rank), or every rank
+    /// gathering all the others' (W-1 of them; the older exchange).
+    #[arg(long, value_enum, default_value_t = ExchangeArg::Ring)]
+    pub ddp_exchange: ExchangeArg,
+    /// DeepSpeed's ZeRO stage: 1 shards AdamW's moments over the ranks
+    /// (each keeps and updates 1/W of them), saving 8 bytes x trained
+    /// parameters x (W-1)/W per rank; 0 keeps them whole on every rank.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub zero_stage: u8,
     /// Peak learning rate [default: 5e-5; 1e-3 for the built-in demo run].
     #[arg(long)]
     pub learning_rate: Option<f64>,
@@ -444,6 +461,11 @@ impl TrainArgs {
             batching,
             gradient_accumulation_steps: self.gradient_accumulation_steps,
             world_size: 1,
+            ddp_exchange: match self.ddp_exchange {
+                ExchangeArg::Ring => Exchange::Ring,
+                ExchangeArg::Gather => Exchange::Gather,
+            },
+            zero_stage: self.zero_stage,
             learning_rate: self
                 .learning_rate
                 .unwrap_or(demo(embedded_default, 1e-3, 5e-5)),

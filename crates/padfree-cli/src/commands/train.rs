@@ -81,10 +81,18 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
                 "running as {world_size} ranks: every rank must write to the same place\nHINT: give --output-dir"
             );
         }
+        let config = job.train_config(&[]);
         say!(
-            "data-parallel: {world_size} ranks over {}, {} threads each",
+            "data-parallel: {world_size} ranks over {}, {} threads each; {} exchange, ZeRO stage {}{}",
             comm.backend(),
-            rayon::current_num_threads()
+            rayon::current_num_threads(),
+            config.ddp_exchange.name(),
+            config.zero_stage,
+            if config.zero_stage == 1 {
+                " (AdamW's moments sharded over the ranks)"
+            } else {
+                ""
+            }
         );
     }
     // Before anything of the checkpoint is read (`load` reads its weights).

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{CommError, Communicator, sum_in_rank_order};
+use super::{CommError, Communicator, Flat, ring_order, shard_range, sum_in_rank_order};
 
 /// `W` ranks as threads of one process: [`LocalGroup::new`] gives one
 /// handle per rank, to be moved into its thread.
@@ -71,6 +71,37 @@ impl LocalGroup {
 
     /// Every rank contributes `values`; all get the sums in rank order.
     fn all_reduce(&self, values: &mut [f64]) -> Result<(), CommError> {
+        let sum = self.round(values, Combine::Sum)?;
+        values.copy_from_slice(&sum);
+        Ok(())
+    }
+
+    /// Every rank's `values`, in rank order (exact: an f32 is an f64).
+    fn all_gather(&self, values: &[f64]) -> Result<Vec<Vec<f64>>, CommError> {
+        let lengths = self.round(&[values.len() as f64], Combine::Concat)?;
+        let concat = self.round(values, Combine::Concat)?;
+        let mut rest = concat.as_slice();
+        Ok(lengths
+            .iter()
+            .map(|&n| {
+                let (head, tail) = rest.split_at(n as usize);
+                rest = tail;
+                head.to_vec()
+            })
+            .collect())
+    }
+
+    /// The shards of the concatenation of `parts` every rank holds.
+    fn shards(&self, parts: &mut [&mut [f32]]) -> Result<(Vec<Vec<f64>>, usize), CommError> {
+        let flat = Flat::new(parts);
+        let mut mine = Vec::new();
+        flat.read(0..flat.len(), &mut mine);
+        let wide: Vec<f64> = mine.iter().map(|&v| f64::from(v)).collect();
+        Ok((self.all_gather(&wide)?, flat.len()))
+    }
+
+    /// One collective: every rank's contribution, combined once.
+    fn round(&self, values: &[f64], combine: Combine) -> Result<Vec<f64>, CommError> {
         let shared = &*self.shared;
         // A poisoned lock only means a rank panicked while holding it; the
         // `broken` flag its handle's drop sets is what the others act on.
@@ -96,21 +127,23 @@ impl LocalGroup {
         state.arrived += 1;
         let generation = state.generation;
         if state.arrived == shared.world_size {
-            if state
-                .slots
-                .iter()
-                .flatten()
-                .any(|slot| slot.len() != values.len())
+            if combine == Combine::Sum
+                && state
+                    .slots
+                    .iter()
+                    .flatten()
+                    .any(|slot| slot.len() != values.len())
             {
                 let why = "ranks reduced buffers of different lengths".to_owned();
                 state.broken = Some(why.clone());
                 shared.changed.notify_all();
                 return Err(self.error(why));
             }
-            state.result = sum_in_rank_order(
-                state.slots.iter().flatten().map(Vec::as_slice),
-                values.len(),
-            );
+            let slots = state.slots.iter().flatten().map(Vec::as_slice);
+            state.result = match combine {
+                Combine::Sum => sum_in_rank_order(slots, values.len()),
+                Combine::Concat => slots.flatten().copied().collect(),
+            };
             state.arrived = 0;
             state.departed = 0;
             state.generation += 1;
@@ -130,13 +163,22 @@ impl LocalGroup {
                 }
             }
         }
-        values.copy_from_slice(&state.result);
+        let result = state.result.clone();
         state.departed += 1;
         if state.departed == shared.world_size {
             shared.changed.notify_all();
         }
-        Ok(())
+        Ok(result)
     }
+}
+
+/// How a round combines the ranks' contributions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Combine {
+    /// Element-wise, in rank order, in f64.
+    Sum,
+    /// One after the other, in rank order.
+    Concat,
 }
 
 /// A rank leaves the group when its handle drops, at the end of its run or
@@ -175,6 +217,35 @@ impl Communicator for LocalGroup {
     }
     fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), CommError> {
         self.all_reduce(values)
+    }
+    /// Every rank's whole buffer is gathered and this rank adds its shard
+    /// in [`ring_order`], in f32: the bits the MPI ring computes.
+    fn reduce_scatter_sum_f32(&self, parts: &mut [&mut [f32]]) -> Result<(), CommError> {
+        let world = self.shared.world_size;
+        let (all, len) = self.shards(parts)?;
+        if all.iter().any(|buffer| buffer.len() != len) {
+            return Err(self.error("ranks reduced buffers of different lengths".into()));
+        }
+        let own = shard_range(len, world, self.rank);
+        let mut sum = vec![0.0f32; own.len()];
+        for (k, rank) in ring_order(self.rank, world).enumerate() {
+            for (total, &v) in sum.iter_mut().zip(&all[rank][own.clone()]) {
+                *total = if k == 0 { v as f32 } else { *total + v as f32 };
+            }
+        }
+        Flat::new(parts).write(own.start, &sum);
+        Ok(())
+    }
+    fn all_gather_f32(&self, parts: &mut [&mut [f32]]) -> Result<(), CommError> {
+        let world = self.shared.world_size;
+        let (all, len) = self.shards(parts)?;
+        let mut flat = Flat::new(parts);
+        for (rank, buffer) in all.iter().enumerate() {
+            let shard = shard_range(len, world, rank);
+            let values: Vec<f32> = buffer[shard.clone()].iter().map(|&v| v as f32).collect();
+            flat.write(shard.start, &values);
+        }
+        Ok(())
     }
     fn barrier(&self) -> Result<(), CommError> {
         self.all_reduce(&mut [])
@@ -217,6 +288,75 @@ mod tests {
                 assert_eq!(rank[round], expected);
             }
         }
+    }
+
+    /// Runs `f` on `world` ranks as threads; every rank's result, in order.
+    fn on_ranks<R: Send>(world: usize, f: impl Fn(LocalGroup) -> R + Sync) -> Vec<R> {
+        std::thread::scope(|scope| {
+            let f = &f;
+            let threads: Vec<_> = LocalGroup::new(world)
+                .into_iter()
+                .map(|comm| scope.spawn(move || f(comm)))
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("joins"))
+                .collect()
+        })
+    }
+
+    /// The ring's reduce-scatter and all-gather over parts of uneven
+    /// lengths (shards cutting across them) against the sum written out in
+    /// ring order, and against gather-and-add within f32 rounding.
+    #[test]
+    fn ring_reduce_scatter_then_all_gather_is_an_all_reduce_in_ring_order() {
+        let world = 3;
+        let value =
+            |rank: usize, i: usize| ((rank * 7919 + i * 104_729) % 1000) as f32 / 7.0 - 60.0;
+        let lengths = [5usize, 1, 0, 11];
+        let total: usize = lengths.iter().sum();
+        let results = on_ranks(world, |comm| {
+            let mut parts: Vec<Vec<f32>> = Vec::new();
+            let mut i = 0;
+            for &n in &lengths {
+                parts.push((i..i + n).map(|k| value(comm.rank(), k)).collect());
+                i += n;
+            }
+            let mut wide: Vec<f32> = parts.concat();
+            let mut views: Vec<&mut [f32]> = parts.iter_mut().map(Vec::as_mut_slice).collect();
+            comm.reduce_scatter_sum_f32(&mut views)
+                .expect("reduce-scatter");
+            comm.all_gather_f32(&mut views).expect("all-gather");
+            comm.all_reduce_sum_f32(&mut wide).expect("all-reduce");
+            (parts.concat(), wide)
+        });
+        for (ring, gathered) in &results {
+            assert_eq!(ring, &results[0].0, "every rank gets the same bits");
+            for i in 0..total {
+                let shard = (0..world)
+                    .find(|&r| shard_range(total, world, r).contains(&i))
+                    .expect("a shard holds every element");
+                let mut order = ring_order(shard, world);
+                let first = order.next().expect("one rank at least");
+                let expected = order.fold(value(first, i), |acc, r| acc + value(r, i));
+                assert_eq!(ring[i].to_bits(), expected.to_bits(), "element {i}");
+                assert!((ring[i] - gathered[i]).abs() <= 1e-5 * gathered[i].abs().max(1.0));
+            }
+        }
+    }
+
+    #[test]
+    fn shards_cover_the_buffer_once_in_rank_order() {
+        for (len, world) in [(10, 3), (2, 4), (0, 2), (12, 4)] {
+            let shards: Vec<_> = (0..world).map(|r| shard_range(len, world, r)).collect();
+            assert_eq!(shards[0].start, 0);
+            assert_eq!(shards[world - 1].end, len);
+            for pair in shards.windows(2) {
+                assert_eq!(pair[0].end, pair[1].start);
+                assert!(pair[0].len() >= pair[1].len() && pair[0].len() <= pair[1].len() + 1);
+            }
+        }
+        assert_eq!(ring_order(1, 3).collect::<Vec<_>>(), vec![2, 0, 1]);
     }
 
     #[test]

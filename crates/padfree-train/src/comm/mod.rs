@@ -10,16 +10,28 @@
 //! NCCL can plug in behind the same trait later; the trainer never learns
 //! which one it has.
 //!
-//! Every implementation gives every rank the same bits: the ranks'
-//! contributions are summed in rank order, in f64, and rounded once, so a
-//! run is bit-identical for a given world size whatever the timing of the
-//! ranks, and the same whichever implementation carries it.
+//! Every implementation gives every rank the same bits, and the same bits
+//! as every other implementation with that world size, whatever the timing
+//! of the ranks:
+//!
+//! - [`Communicator::all_reduce_sum_f32`] / `_f64` sum the ranks'
+//!   contributions in rank order, in f64, rounded once (gather-and-add);
+//! - [`Communicator::reduce_scatter_sum_f32`] sums shard `c` in the fixed
+//!   ring order of [`ring_order`], in f32, as a ring reduce-scatter over
+//!   point-to-point messages adds it; [`Communicator::all_gather_f32`]
+//!   copies every rank's shard to every rank.
+//!
+//! A buffer of `S` bytes costs each rank `(W - 1) S` of traffic with
+//! gather-and-add (twice that on the wire, as f64), `2 (W - 1) / W x S` with
+//! the ring (`docs/distributed.md` has the cost model).
 
 mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
 pub use local::LocalGroup;
+
+use std::ops::Range;
 
 use thiserror::Error;
 
@@ -48,6 +60,15 @@ pub trait Communicator: std::fmt::Debug {
     fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<(), CommError>;
     /// The same for f64 (loss sums, token counts).
     fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), CommError>;
+    /// Ring reduce-scatter over the concatenation of `parts` (length `N`,
+    /// the same on every rank): afterwards this rank's shard
+    /// ([`shard_range`]`(N, W, rank)`) holds the sum over all ranks, added
+    /// in [`ring_order`] in f32. What the other elements hold afterwards is
+    /// unspecified (partial sums).
+    fn reduce_scatter_sum_f32(&self, parts: &mut [&mut [f32]]) -> Result<(), CommError>;
+    /// Ring all-gather over the concatenation of `parts`: every rank's shard
+    /// ([`shard_range`]) is copied into the same place on every other rank.
+    fn all_gather_f32(&self, parts: &mut [&mut [f32]]) -> Result<(), CommError>;
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<(), CommError>;
     /// What carries the collectives, for the log (`single process`, `MPI`).
@@ -71,11 +92,114 @@ impl Communicator for SingleProcess {
     fn all_reduce_sum_f64(&self, _values: &mut [f64]) -> Result<(), CommError> {
         Ok(())
     }
+    fn reduce_scatter_sum_f32(&self, _parts: &mut [&mut [f32]]) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn all_gather_f32(&self, _parts: &mut [&mut [f32]]) -> Result<(), CommError> {
+        Ok(())
+    }
     fn barrier(&self) -> Result<(), CommError> {
         Ok(())
     }
     fn backend(&self) -> &'static str {
         "single process"
+    }
+}
+
+/// Rank `rank`'s shard of a buffer of `len` elements over `world_size`
+/// ranks: contiguous, in rank order, the first `len % W` one element longer.
+pub fn shard_range(len: usize, world_size: usize, rank: usize) -> Range<usize> {
+    let (base, extra) = (len / world_size, len % world_size);
+    let start = rank * base + rank.min(extra);
+    start..start + base + usize::from(rank < extra)
+}
+
+/// The ranks whose contributions to shard `shard` a ring reduce-scatter
+/// adds, in the order it adds them: `shard + 1` first (it starts the
+/// shard's trip round the ring), `shard` itself last (the trip ends there).
+pub fn ring_order(shard: usize, world_size: usize) -> impl Iterator<Item = usize> {
+    (1..=world_size).map(move |step| (shard + step) % world_size)
+}
+
+/// The concatenation of several mutable slices as one flat buffer, so the
+/// ring runs over the gradients or weights where they are, without a flat
+/// copy of them (a copy the size of the model).
+pub struct Flat<'p, 'a> {
+    parts: &'p mut [&'a mut [f32]],
+    /// `[parts + 1]`: where each part starts; the last is the length.
+    starts: Vec<usize>,
+}
+
+impl<'p, 'a> Flat<'p, 'a> {
+    /// The concatenation of `parts`.
+    pub fn new(parts: &'p mut [&'a mut [f32]]) -> Self {
+        let mut starts = Vec::with_capacity(parts.len() + 1);
+        let mut at = 0;
+        starts.push(0);
+        for part in parts.iter() {
+            at += part.len();
+            starts.push(at);
+        }
+        Self { parts, starts }
+    }
+
+    /// Elements in all parts.
+    pub fn len(&self) -> usize {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    /// Visits the pieces of `range` part by part: `(part, offset in part,
+    /// offset in range, length)`.
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn pieces(&self, range: Range<usize>) -> Vec<(usize, usize, usize, usize)> {
+        let mut out = Vec::new();
+        let first = self
+            .starts
+            .partition_point(|&s| s <= range.start)
+            .saturating_sub(1);
+        let mut at = range.start;
+        for part in first..self.parts.len() {
+            if at >= range.end {
+                break;
+            }
+            let (start, end) = (self.starts[part], self.starts[part + 1]);
+            if end <= at {
+                continue;
+            }
+            let take = end.min(range.end) - at;
+            out.push((part, at - start, at - range.start, take));
+            at += take;
+        }
+        out
+    }
+
+    /// `range` copied into `out` (cleared first).
+    pub fn read(&self, range: Range<usize>, out: &mut Vec<f32>) {
+        out.clear();
+        for (part, offset, _, len) in self.pieces(range) {
+            out.extend_from_slice(&self.parts[part][offset..offset + len]);
+        }
+    }
+
+    /// `values` written at `start`.
+    pub fn write(&mut self, start: usize, values: &[f32]) {
+        for (part, offset, from, len) in self.pieces(start..start + values.len()) {
+            self.parts[part][offset..offset + len].copy_from_slice(&values[from..from + len]);
+        }
+    }
+
+    /// `values` added at `start`, element by element, in f32.
+    pub fn add(&mut self, start: usize, values: &[f32]) {
+        for (part, offset, from, len) in self.pieces(start..start + values.len()) {
+            let target = &mut self.parts[part][offset..offset + len];
+            for (t, &v) in target.iter_mut().zip(&values[from..from + len]) {
+                *t += v;
+            }
+        }
     }
 }
 

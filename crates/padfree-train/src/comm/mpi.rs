@@ -2,26 +2,44 @@
 //! with Open MPI or MPICH, or `srun` under Slurm.
 //!
 //! Sums are not left to `MPI_Allreduce`, whose order of additions depends on
-//! the library, its algorithm choice and the message size: each collective
-//! gathers every rank's contribution (`MPI_Allgather`, in chunks of
-//! [`CHUNK`] values so the receive buffer stays `W x CHUNK`) and every rank
-//! adds them in rank order in f64, rounding once. Every rank gets the same
-//! bits, every run of the same world size the same result, and the same
-//! result as [`super::LocalGroup`] with that world size. The price is
-//! traffic: each rank receives `W - 1` full buffers, against about 2 for a
-//! ring all-reduce (`docs/distributed.md` has the cost model).
+//! the library, its algorithm choice and the message size. Two exchanges,
+//! both in a fixed order, so every rank gets the same bits, every run of the
+//! same world size the same result, and the same result as
+//! [`super::LocalGroup`] with that world size:
+//!
+//! - gather-and-add (`all_reduce_sum_*`): every rank's contribution is
+//!   gathered (`MPI_Allgather`, in chunks of [`CHUNK`] values so the receive
+//!   buffer stays `W x CHUNK`) and every rank adds them in rank order in
+//!   f64, rounding once. Each rank receives `W - 1` full buffers (as f64).
+//! - the ring (`reduce_scatter_sum_f32`, `all_gather_f32`): `W - 1` steps of
+//!   `MPI_Sendrecv` to the next rank and from the previous one, each moving
+//!   one shard in pieces of at most [`PIECE`] values; a rank sends and
+//!   receives `(W - 1) / W` of the buffer per pass, in f32.
 
 use std::sync::Mutex;
 
 use mpi::Threading;
 use mpi::environment::Universe;
+use mpi::point_to_point::send_receive_into;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _};
 
-use super::{CommError, Communicator, sum_in_rank_order};
+use super::{CommError, Communicator, Flat, shard_range, sum_in_rank_order};
 
 /// Values per gathered chunk: 4 Mi (32 MiB of f64 per rank).
 pub const CHUNK: usize = 1 << 22;
+
+/// Values per ring message: 1 Mi (4 MiB), so the send and receive buffers
+/// stay small whatever the model's size.
+pub const PIECE: usize = 1 << 20;
+
+/// Which pass of the ring: a reduce-scatter adds what it receives, an
+/// all-gather stores it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    ReduceScatter,
+    AllGather,
+}
 
 /// The MPI world of this process. Dropping it does not finalise MPI: a rank
 /// that drops it on the way out of an error must not wait in
@@ -104,6 +122,46 @@ impl MpiWorld {
             chunk.copy_from_slice(&sum);
         }
     }
+
+    /// One pass round the ring. At step `s` rank `r` sends shard
+    /// `r - s - 1` (reduce-scatter; `r - s` for the all-gather) to `r + 1`
+    /// and receives shard `r - s - 2` (`r - s - 1`) from `r - 1`: a shard's
+    /// partial sum starts at the rank after its owner and ends, complete, at
+    /// the owner, in the order of [`super::ring_order`].
+    fn ring(&self, parts: &mut [&mut [f32]], pass: Pass) {
+        let (w, r) = (self.world_size(), self.rank());
+        if w < 2 {
+            return;
+        }
+        let mut flat = Flat::new(parts);
+        let len = flat.len();
+        let next = self.world.process_at_rank(((r + 1) % w) as i32);
+        let prev = self.world.process_at_rank(((r + w - 1) % w) as i32);
+        let lead = usize::from(pass == Pass::ReduceScatter);
+        let mut send = Vec::with_capacity(PIECE.min(len));
+        let mut recv = vec![0.0f32; PIECE.min(len.div_ceil(w))];
+        for step in 0..w - 1 {
+            let send_range = shard_range(len, w, (r + 2 * w - step - lead) % w);
+            let recv_range = shard_range(len, w, (r + 2 * w - step - lead - 1) % w);
+            // The longest shard's count on every rank, so the ranks' calls
+            // pair up (a shard shorter by one element sends an empty piece).
+            let pieces = len.div_ceil(w).div_ceil(PIECE);
+            for piece in 0..pieces {
+                let cut = |range: &std::ops::Range<usize>| {
+                    let start = (range.start + piece * PIECE).min(range.end);
+                    start..(start + PIECE).min(range.end)
+                };
+                let (out, into) = (cut(&send_range), cut(&recv_range));
+                flat.read(out, &mut send);
+                let received = &mut recv[..into.len()];
+                send_receive_into(&send[..], &next, received, &prev);
+                match pass {
+                    Pass::ReduceScatter => flat.add(into.start, received),
+                    Pass::AllGather => flat.write(into.start, received),
+                }
+            }
+        }
+    }
 }
 
 /// Ends every rank of the job now (`MPI_Abort`): what a rank does after an
@@ -136,6 +194,14 @@ impl Communicator for MpiWorld {
         if !values.is_empty() {
             self.gather_sum(values);
         }
+        Ok(())
+    }
+    fn reduce_scatter_sum_f32(&self, parts: &mut [&mut [f32]]) -> Result<(), CommError> {
+        self.ring(parts, Pass::ReduceScatter);
+        Ok(())
+    }
+    fn all_gather_f32(&self, parts: &mut [&mut [f32]]) -> Result<(), CommError> {
+        self.ring(parts, Pass::AllGather);
         Ok(())
     }
     fn barrier(&self) -> Result<(), CommError> {
