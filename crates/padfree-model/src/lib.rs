@@ -63,5 +63,5 @@ pub use loss::{HEAD_CHUNK_BYTES, LabelRows, LossSum, causal_lm_loss};
 pub use model::LlamaModel;
 pub use weights::gguf;
 pub use weights::gguf::tokenizer_from_gguf;
-pub use weights::safetensors::write_atomically;
+pub use weights::safetensors::{write_atomically, write_f32_file};
 pub use weights::table::Param;

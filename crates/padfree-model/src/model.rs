@@ -133,9 +133,9 @@ impl LlamaModel {
     /// `dir`, each through a temporary file renamed into place.
     pub fn save_hf_dir(&self, dir: &Path) -> Result<(), ModelError> {
         let tensors = self.params.iter().enumerate().map(|(index, p)| {
-            let values = match self.quantized.get(index) {
-                Some(Some(quantized)) => quantized.dequantized(),
-                _ => p.value.clone().into_vec(),
+            let values: Box<dyn Fn() -> Vec<f32> + '_> = match self.quantized.get(index) {
+                Some(Some(quantized)) => Box::new(move || quantized.dequantized()),
+                _ => Box::new(move || p.value.clone().into_vec()),
             };
             (p.name(), p.hf_shape(), values)
         });

@@ -18,13 +18,13 @@
 //! state, the model, the optimizer) and hands back what it reads; it never
 //! imports the trainer (torchtitan's checkpointer works the same way).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use padfree_model::LlamaModel;
 use safetensors::SafeTensors;
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::Dtype;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -108,11 +108,7 @@ fn write_through(
         std::fs::remove_dir_all(&temp_dir).map_err(|err| TrainError::io(&temp_dir, err))?;
     }
     write_model_files(snapshot.model, snapshot.artifacts, &temp_dir)?;
-    std::fs::write(
-        temp_dir.join(OPTIMIZER_FILE),
-        optimizer_bytes(snapshot.optimizer, output_dir)?,
-    )
-    .map_err(|err| TrainError::io(temp_dir.join(OPTIMIZER_FILE), err))?;
+    write_optimizer(snapshot.optimizer, &temp_dir.join(OPTIMIZER_FILE))?;
     std::fs::write(temp_dir.join(STATE_FILE), to_json(snapshot.state))
         .map_err(|err| TrainError::io(temp_dir.join(STATE_FILE), err))?;
     let record = Integrity::of_dir(&temp_dir, snapshot.state.global_step)?;
@@ -147,34 +143,26 @@ pub fn write_model_files(
     Ok(())
 }
 
-fn optimizer_bytes(optimizer: &AdamW, output_dir: &Path) -> Result<Vec<u8>, TrainError> {
-    let buffers: Vec<(String, Vec<u8>, usize)> = optimizer
+/// AdamW's moments as `exp_avg.<name>` / `exp_avg_sq.<name>`, one tensor
+/// in memory at a time, with the optimizer step in the metadata.
+fn write_optimizer(optimizer: &AdamW, path: &Path) -> Result<(), TrainError> {
+    let tensors: Vec<(String, [usize; 1], &[f32])> = optimizer
         .moments()
         .flat_map(|(name, exp_avg, exp_avg_sq)| {
-            [("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)].map(|(kind, values)| {
-                let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                (format!("{kind}.{name}"), bytes, values.len())
-            })
+            [("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)]
+                .map(|(kind, values)| (format!("{kind}.{name}"), [values.len()], values))
         })
         .collect();
-    let views = buffers
-        .iter()
-        .map(|(name, bytes, len)| {
-            TensorView::new(Dtype::F32, vec![*len], bytes)
-                .map(|view| (name.as_str(), view))
-                .map_err(|err| internal(output_dir, err))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let metadata = HashMap::from([("step".to_owned(), optimizer.steps_taken().to_string())]);
-    safetensors::serialize(views, Some(metadata)).map_err(|err| internal(output_dir, err))
-}
-
-fn internal(output_dir: &Path, err: impl std::fmt::Display) -> TrainError {
-    TrainError::Checkpoint {
-        path: output_dir.to_owned(),
-        message: format!("cannot serialise the optimizer state: {err}"),
-        hint: "this is a bug in padfree; please report it".into(),
-    }
+    let step = optimizer.steps_taken().to_string();
+    padfree_model::write_f32_file(
+        path,
+        tensors.iter().map(|(name, shape, values)| {
+            let values: Box<dyn Fn() -> Vec<f32>> = Box::new(move || values.to_vec());
+            (name.as_str(), shape.as_slice(), values)
+        }),
+        Some(("step", &step)),
+    )?;
+    Ok(())
 }
 
 /// The trainer state saved in checkpoint `dir`.

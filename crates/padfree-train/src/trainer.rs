@@ -860,20 +860,21 @@ impl Trainer {
     /// where the run can resume.
     fn save_failed(&self, err: TrainError) -> TrainError {
         let path = checkpoint::checkpoint_dir(&self.output_dir, self.global_step);
-        let fix = match &err {
-            TrainError::Io { err, .. } if err.kind() == std::io::ErrorKind::StorageFull => {
-                "free disk space"
-            }
-            TrainError::Io { err, .. }
-                if matches!(
-                    err.kind(),
-                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
-                ) =>
-            {
-                "make the output directory writable"
-            }
+        // The weight files are written by the model crate, the rest here:
+        // an operating system's refusal reads the same from either.
+        let io_kind = match &err {
+            TrainError::Io { err, .. } => Some(err.kind()),
+            TrainError::Model(padfree_model::ModelError::Io { err, .. }) => Some(err.kind()),
+            _ => None,
+        };
+        let fix = match (&err, io_kind) {
+            (_, Some(std::io::ErrorKind::StorageFull)) => "free disk space",
+            (
+                _,
+                Some(std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem),
+            ) => "make the output directory writable",
             // The inner error says what is in the way and what to do.
-            TrainError::Checkpoint { .. } => return err,
+            (TrainError::Checkpoint { .. }, _) => return err,
             _ => "fix what the message names",
         };
         let resume = match &self.last_checkpoint {
