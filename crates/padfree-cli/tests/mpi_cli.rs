@@ -558,15 +558,37 @@ fn bench_compares_ranks_with_one_process_on_the_same_bins() {
 /// and 2 ranks train the adapters one process trains with 2 accumulated
 /// micro-batches (dropout masks follow the micro-batch's examples, not its
 /// rank): the same step losses (1e-6 relative) and adapter tensors (2e-6 of
-/// each tensor's norm, the bound of the full-model test above).
+/// each tensor's norm, the bound of the full-model test above); with the
+/// adapters' moments sharded (ZeRO stage 1), the same losses; and the same
+/// eval losses, the held-out set split over the ranks.
 #[test]
 fn lora_ranks_match_one_process() {
     let guard = scratch("mpi-lora");
     let dir = guard.path();
     let (config, data) = setup(dir);
+    // Held-out records evaluated every 3 steps, split over the ranks.
+    let eval = dir.join("eval.jsonl");
+    std::fs::write(
+        &eval,
+        first_records(48)
+            .lines()
+            .skip(40)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .expect("write eval data");
     let args = |out: &Path, accumulation: usize| {
         let mut args = run_args(&config, &data, &out.display().to_string(), accumulation);
         args.extend(common::LORA_FLAGS.map(str::to_owned));
+        args.extend(
+            [
+                "--eval-data",
+                &eval.display().to_string(),
+                "--eval-steps",
+                "3",
+            ]
+            .map(str::to_owned),
+        );
         args
     };
     let one = dir.join("one");
@@ -575,12 +597,45 @@ fn lora_ranks_match_one_process() {
     let two = dir.join("two");
     let output = mpirun(2, &as_str(&args(&two, 1)), &[]);
     assert!(output.status.success(), "{}", stderr(&output));
-    for (step, (a, b)) in step_losses(&two).iter().zip(&step_losses(&one)).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-6 * b.abs(),
-            "step {}: {a} vs {b}",
-            step + 1
-        );
+    // The adapters' moments sharded over the ranks.
+    let sharded = dir.join("sharded");
+    let mut sharded_args = args(&sharded, 1);
+    sharded_args.extend(["--zero-stage".to_owned(), "1".to_owned()]);
+    let output = mpirun(2, &as_str(&sharded_args), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let eval_losses = |dir: &Path| -> Vec<f64> {
+        let state: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("trainer_state.json")).expect("state"),
+        )
+        .expect("json");
+        state["log_history"]
+            .as_array()
+            .expect("history")
+            .iter()
+            .filter_map(|r| r["eval_loss"].as_f64())
+            .collect()
+    };
+    assert_eq!(eval_losses(&one).len(), 2, "evaluated at steps 3 and 6");
+    for run in [&two, &sharded] {
+        for (what, ours, theirs) in [
+            ("step", step_losses(run), step_losses(&one)),
+            ("eval", eval_losses(run), eval_losses(&one)),
+        ] {
+            assert_eq!(
+                ours.len(),
+                theirs.len(),
+                "{what} losses of {}",
+                run.display()
+            );
+            for (step, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs(),
+                    "{}: {what} loss {}: {a} vs {b}",
+                    run.display(),
+                    step + 1
+                );
+            }
+        }
     }
     let adapters = |dir: &Path| tensors_of(&dir.join("adapter_model.safetensors"));
     let (ours, theirs) = (adapters(&two), adapters(&one));
