@@ -125,12 +125,13 @@ fn setup(dir: &Path) -> (String, String) {
     (config, data.display().to_string())
 }
 
+fn trainer_state(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("trainer_state.json")).expect("state"))
+        .expect("json")
+}
+
 fn step_losses(dir: &Path) -> Vec<f64> {
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("trainer_state.json")).expect("state"),
-    )
-    .expect("json");
-    state["step_losses"]
+    trainer_state(dir)["step_losses"]
         .as_array()
         .expect("losses")
         .iter()
@@ -604,11 +605,7 @@ fn lora_ranks_match_one_process() {
     let output = mpirun(2, &as_str(&sharded_args), &[]);
     assert!(output.status.success(), "{}", stderr(&output));
     let eval_losses = |dir: &Path| -> Vec<f64> {
-        let state: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.join("trainer_state.json")).expect("state"),
-        )
-        .expect("json");
-        state["log_history"]
+        trainer_state(dir)["log_history"]
             .as_array()
             .expect("history")
             .iter()
