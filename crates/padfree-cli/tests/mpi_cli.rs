@@ -402,6 +402,60 @@ fn sharded_optimizer_and_resume_on_other_world_sizes() {
     );
 }
 
+/// The exchange overlapped with the recomputed backward pass on 4 ranks:
+/// one process's losses and weights (both with per-layer recomputation)
+/// within f32 rounding. Without `--gradient-checkpointing` the flag is
+/// refused before anything runs.
+#[test]
+fn the_overlapped_exchange_matches_one_process() {
+    let guard = scratch("mpi-overlap");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let one = dir.join("one");
+    let mut args = run_args(&config, &data, &one.display().to_string(), 4);
+    args.push("--gradient-checkpointing".to_owned());
+    let output = padfree(&as_str(&args));
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    let out = dir.join("overlapped");
+    let mut args = run_args(&config, &data, &out.display().to_string(), 1);
+    args.extend(["--gradient-checkpointing", "--ddp-overlap"].map(str::to_owned));
+    let output = mpirun(4, &as_str(&args), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("ring exchange overlapped with the backward pass"),
+        "{stdout}"
+    );
+    assert_close(
+        &step_losses(&out),
+        &step_losses(&one),
+        "overlapped, 4 ranks",
+    );
+    for ((name, ours), (_, theirs)) in weights(&out).iter().zip(&weights(&one)) {
+        let norm =
+            |v: &mut dyn Iterator<Item = f32>| v.map(|x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+        let diff = norm(&mut ours.iter().zip(theirs).map(|(a, b)| a - b));
+        let relative = diff / norm(&mut theirs.iter().copied()).max(1e-30);
+        assert!(
+            relative <= 1e-6,
+            "overlapped, {name}: relative {relative:e}"
+        );
+    }
+
+    let refused = dir.join("refused");
+    let mut args = run_args(&config, &data, &refused.display().to_string(), 1);
+    args.push("--ddp-overlap".to_owned());
+    let output = mpirun(2, &as_str(&args), &[]);
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains("--ddp-overlap") && err.contains("HINT: add --gradient-checkpointing"),
+        "{err}"
+    );
+    assert!(!refused.join("model.safetensors").exists());
+}
+
 #[test]
 fn a_rank_that_dies_ends_the_job_and_keeps_earlier_checkpoints() {
     let guard = scratch("mpi-dies");

@@ -3,7 +3,9 @@
 //! (`LlamaModel::loss_sum`): the same loss and the same gradient for every
 //! trained tensor, full fine-tuning (tied and untied head) and LoRA with
 //! dropout on an f32 and a GGUF-block base, in every attention layout, with
-//! the head in one chunk and in chunks of 3 labelled rows.
+//! the head in one chunk and in chunks of 3 labelled rows. Every pass also
+//! checks the buckets it reports complete: no later part adds to them, and
+//! the buckets cover every trained tensor once.
 //!
 //! Tolerances: the loss 1e-5 relative (chunks add partial sums in another
 //! order); gradients 1e-4 of each tensor's largest plus 1e-7 absolute, as
@@ -39,13 +41,45 @@ fn recomputed(
 ) -> (f32, Vec<Vec<f32>>, usize) {
     let mut sums = zeros(model);
     let mut parts = 0;
+    // Per part: the trained tensors it reached, and the buckets then complete.
+    let mut reached: Vec<(Vec<usize>, usize)> = Vec::new();
     let value = model
-        .loss_backward_checkpointed(input, divisor, head_chunk_rows, |g| {
+        .loss_backward_checkpointed(input, divisor, head_chunk_rows, |g, done| {
             add(model, &mut sums, g);
+            let touched = (model.trainable().iter().enumerate())
+                .filter(|(_, p)| grad(&p.value, g).is_some())
+                .map(|(i, _)| i)
+                .collect();
+            reached.push((touched, done));
             parts += 1;
         })
         .expect("checkpointed pass");
+    assert_buckets_complete(model, &reached);
     (value, sums, parts)
+}
+
+/// The buckets partition the trained tensors, the count of complete ones
+/// only grows, no part adds to a bucket an earlier part called complete,
+/// and every bucket is complete after the last part (the embedding trains
+/// in every model here).
+fn assert_buckets_complete(model: &LlamaModel, reached: &[(Vec<usize>, usize)]) {
+    let buckets = model.gradient_buckets();
+    let mut covered: Vec<usize> = buckets.iter().flat_map(|b| b.clone()).collect();
+    covered.sort_unstable();
+    assert_eq!(covered, (0..model.trainable().len()).collect::<Vec<_>>());
+    let mut complete = 0;
+    for (part, (touched, done)) in reached.iter().enumerate() {
+        assert!(*done >= complete, "part {part}: {done} after {complete}");
+        for &param in touched {
+            assert!(
+                !buckets[..complete].iter().any(|b| b.contains(&param)),
+                "part {part} adds to {}, whose bucket was complete",
+                model.trainable()[param].name()
+            );
+        }
+        complete = *done;
+    }
+    assert_eq!(complete, buckets.len(), "buckets left incomplete");
 }
 
 fn zeros(model: &LlamaModel) -> Vec<Vec<f32>> {
@@ -168,7 +202,7 @@ fn a_batch_without_labels_has_zero_loss_and_no_gradients() {
     let packed = flatten(&batch).expect("flattens");
     let mut parts = 0;
     let loss = model
-        .loss_backward_checkpointed(&ModelInput::Varlen(&packed), 1.0, 8, |_| parts += 1)
+        .loss_backward_checkpointed(&ModelInput::Varlen(&packed), 1.0, 8, |_, _| parts += 1)
         .expect("runs");
     assert_eq!((loss, parts), (0.0, 0));
 }

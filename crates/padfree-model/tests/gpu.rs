@@ -251,7 +251,7 @@ fn per_layer_checkpointing_on_the_gpu_gives_the_same_gradients() {
         .map(|p| vec![0.0; p.numel()])
         .collect();
     let recomputed_loss = model
-        .loss_backward_checkpointed(&input, 1.0, 5, |part| {
+        .loss_backward_checkpointed(&input, 1.0, 5, |part, _| {
             for (sum, (_, g)) in sums.iter_mut().zip(param_grads(&model, part)) {
                 for (s, v) in sum.iter_mut().zip(g) {
                     *s += v;

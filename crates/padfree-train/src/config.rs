@@ -207,6 +207,12 @@ pub struct TrainConfig {
     /// reduce-scatter; an all-gather brings every rank the new weights).
     #[serde(default)]
     pub zero_stage: u8,
+    /// With several ranks and gradient checkpointing: each bucket of
+    /// gradients (`LlamaModel::gradient_buckets`, a decoder layer's) is
+    /// all-reduced while the backward pass recomputes the layers before it
+    /// (PyTorch DDP's overlap), instead of all of them after it.
+    #[serde(default)]
+    pub ddp_overlap: bool,
     /// Peak learning rate.
     pub learning_rate: f64,
     /// Decoupled weight decay, not applied to norm weights and biases.
@@ -254,6 +260,7 @@ impl Default for TrainConfig {
             world_size: 1,
             ddp_exchange: Exchange::Ring,
             zero_stage: 0,
+            ddp_overlap: false,
             learning_rate: 5e-5,
             weight_decay: 0.0,
             adam_beta1: 0.9,
@@ -336,6 +343,20 @@ impl TrainConfig {
                 "zero-stage",
                 "a sharded optimizer needs the ring's reduce-scatter".into(),
                 "drop --ddp-exchange gather, or use --zero-stage 0",
+            );
+        }
+        if self.ddp_overlap && self.zero_stage == 1 {
+            return refuse(
+                "ddp-overlap",
+                "the overlap all-reduces each bucket; a sharded optimizer reduce-scatters the whole buffer after the backward pass".into(),
+                "drop --ddp-overlap, or use --zero-stage 0",
+            );
+        }
+        if self.ddp_overlap && self.ddp_exchange == Exchange::Gather {
+            return refuse(
+                "ddp-overlap",
+                "the overlap runs the ring on each bucket".into(),
+                "drop --ddp-exchange gather",
             );
         }
         if self.gradient_accumulation_steps == 0 {

@@ -44,6 +44,33 @@ fn sum_of_squares(values: &[f32]) -> f64 {
     lanes.iter().sum()
 }
 
+/// `acc += gradient` on the host; an empty `acc` (no micro-batch yet)
+/// takes the gradient's buffer.
+pub(crate) fn add_on_host(acc: &mut Vec<f32>, gradient: Tensor<2>) {
+    if acc.is_empty() {
+        *acc = gradient.into_vec();
+    } else {
+        with_host_values(gradient, |g| {
+            acc.par_iter_mut().zip(g).for_each(|(a, v)| *a += v);
+        });
+    }
+}
+
+/// Sums host buffers over the ranks, laid end to end: the ring's
+/// reduce-scatter then its all-gather, in place; every rank gets the same
+/// bits. The sum order of an element depends on where it falls among the
+/// `W` shards of these buffers, so the whole set and one bucket of it at a
+/// time round differently (each deterministically).
+pub(crate) fn ring_all_reduce(
+    comm: &dyn Communicator,
+    buffers: &mut [Vec<f32>],
+) -> Result<(), TrainError> {
+    let mut parts: Vec<&mut [f32]> = buffers.iter_mut().map(Vec::as_mut_slice).collect();
+    comm.reduce_scatter_sum_f32(&mut parts)?;
+    comm.all_gather_f32(&mut parts)?;
+    Ok(())
+}
+
 impl GradSums {
     /// No gradients yet for `params` parameters, on the host or the device.
     pub(crate) fn new(on_device: bool, params: usize) -> Self {
@@ -57,16 +84,7 @@ impl GradSums {
     /// Adds one micro-batch's gradient of parameter `index`.
     pub(crate) fn add(&mut self, index: usize, gradient: Tensor<2>) {
         match self {
-            Self::Host(sums) => {
-                let acc = &mut sums[index];
-                if acc.is_empty() {
-                    *acc = gradient.into_vec();
-                } else {
-                    with_host_values(gradient, |g| {
-                        acc.par_iter_mut().zip(g).for_each(|(a, v)| *a += v);
-                    });
-                }
-            }
+            Self::Host(sums) => add_on_host(&mut sums[index], gradient),
             Self::Device(sums) => {
                 let acc = &mut sums[index];
                 *acc = Some(match acc.take() {
@@ -110,11 +128,7 @@ impl GradSums {
     ) -> Result<(), TrainError> {
         let mut flat: Vec<f32> = Vec::new();
         match self {
-            Self::Host(sums) if exchange == Exchange::Ring => {
-                let mut parts: Vec<&mut [f32]> = sums.iter_mut().map(Vec::as_mut_slice).collect();
-                comm.reduce_scatter_sum_f32(&mut parts)?;
-                comm.all_gather_f32(&mut parts)?;
-            }
+            Self::Host(sums) if exchange == Exchange::Ring => ring_all_reduce(comm, sums)?,
             Self::Host(sums) => {
                 flat.reserve(sums.iter().map(Vec::len).sum());
                 for g in sums.iter() {

@@ -35,7 +35,8 @@ pub struct StepMetrics {
     pub bin_capacity_tokens: Option<usize>,
     /// Several ranks: wall time of the gradient exchange (and, with ZeRO
     /// stage 1, of the weights' all-gather), waiting for slower ranks
-    /// included; 0 in one process.
+    /// included; with `ddp_overlap`, only what was left after this rank's
+    /// backward pass had finished. 0 in one process.
     #[serde(default)]
     pub exchange_seconds: f64,
     /// Wall time of the step.

@@ -95,13 +95,19 @@ pub enum Continuation {
     },
 }
 
-/// `W x A`, the exchange and the ZeRO stage of a config, for the log.
+/// `W x A`, the exchange (overlapped or not) and the ZeRO stage of a
+/// config, for the log.
 pub(crate) fn layout(config: &TrainConfig) -> String {
     format!(
-        "{} ranks x {} micro-batches, {} exchange, ZeRO stage {}",
+        "{} ranks x {} micro-batches, {} exchange{}, ZeRO stage {}",
         config.world_size,
         config.gradient_accumulation_steps,
         config.ddp_exchange.name(),
+        if config.ddp_overlap {
+            " overlapped with the backward pass"
+        } else {
+            ""
+        },
         config.zero_stage
     )
 }
@@ -175,6 +181,7 @@ impl TrainerState {
             "gradient_accumulation_steps",
             "ddp_exchange",
             "zero_stage",
+            "ddp_overlap",
         ];
         if extends {
             free.extend(["max_steps", "num_train_epochs"]);

@@ -1,8 +1,9 @@
 //! Data-parallel training against one process: `W` ranks (threads of this
 //! process, through `LocalGroup`, the arithmetic every launcher shares) on a
 //! multipack plan give the losses and weights of one rank accumulating over
-//! the same bins, bit-identically run to run; resume continues exactly; a
-//! rank that dies stops the others instead of hanging them.
+//! the same bins, bit-identically run to run, with the exchange after the
+//! backward pass or overlapped with it; resume continues exactly; a rank
+//! that dies stops the others instead of hanging them.
 
 use std::path::Path;
 
@@ -209,6 +210,97 @@ fn ring_sharded_optimizer_and_gather_agree_with_one_process() {
     let (ring, zero) = (&variants[0].1, &variants[1].1);
     for (a, b) in zero.losses.iter().zip(&ring.losses) {
         assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} vs {b}");
+    }
+}
+
+/// `config` with per-layer recomputation on every rank.
+fn train_checkpointed(config: TrainConfig, dir: &Path) -> Vec<Outcome> {
+    let world = config.world_size;
+    prepare_output_dir(dir, true, false).expect("output dir");
+    run_ranks(LocalGroup::new(world), |comm| {
+        let mut trainer = Trainer::new_on(
+            comm,
+            fresh_model(),
+            examples(60, 128, 5),
+            config.clone(),
+            dir,
+            Vec::new(),
+        )?;
+        trainer.set_gradient_checkpointing(true);
+        Ok(trainer)
+    })
+    .into_iter()
+    .map(|r| r.expect("rank trains"))
+    .collect()
+}
+
+/// The exchange overlapped with the recomputed backward pass, one bucket per
+/// layer (3 ranks, 2 micro-batches each, so the overlapped last
+/// micro-batch adds to an earlier one's sums): one process's losses and
+/// weights within f32 rounding, every rank the same bits, the same bits run
+/// to run. The per-bucket ring adds most elements in another rank order
+/// than the whole-buffer ring, so its bits differ from the plain
+/// exchange's: the overlapped path is the one that ran.
+#[test]
+fn the_exchange_overlapped_with_the_backward_pass_agrees_with_one_process() {
+    let reference =
+        train_checkpointed(config(1, 6, 4), scratch_dir("overlap-reference").path()).remove(0);
+    let plain = train_checkpointed(config(3, 2, 4), scratch_dir("overlap-plain").path());
+    let overlapped = TrainConfig {
+        ddp_overlap: true,
+        ..config(3, 2, 4)
+    };
+    let first = train_checkpointed(overlapped.clone(), scratch_dir("overlap-a").path());
+    let second = train_checkpointed(overlapped, scratch_dir("overlap-b").path());
+    for rank in &first[1..] {
+        assert!(rank == &first[0], "overlapped ranks disagree");
+    }
+    assert!(first[0] == second[0], "two overlapped runs differ");
+    let ours = &first[0];
+    assert!(
+        ours.weights != plain[0].weights,
+        "the overlapped run has the plain exchange's bits"
+    );
+    assert_eq!(ours.losses.len(), 4);
+    for (step, (a, b)) in ours.losses.iter().zip(&reference.losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs(),
+            "overlap, step {}: loss {a} vs {b}",
+            step + 1
+        );
+    }
+    for (index, (a, b)) in ours.weights.iter().zip(&reference.weights).enumerate() {
+        let diff = relative_difference(a, b);
+        assert!(
+            diff <= 1e-6,
+            "overlap, parameter {index}: relative {diff:e}"
+        );
+    }
+}
+
+/// Without recomputation the backward pass returns every gradient at once:
+/// the overlap is refused with what to add.
+#[test]
+fn the_overlap_without_gradient_checkpointing_is_refused() {
+    let dir = scratch_dir("overlap-refused");
+    prepare_output_dir(dir.path(), true, false).expect("output dir");
+    let config = TrainConfig {
+        ddp_overlap: true,
+        ..config(2, 1, 2)
+    };
+    let results = run_ranks(LocalGroup::new(2), |comm| {
+        Trainer::new_on(
+            comm,
+            fresh_model(),
+            examples(60, 128, 5),
+            config.clone(),
+            dir.path(),
+            Vec::new(),
+        )
+    });
+    for result in results {
+        let err = result.expect_err("refused").to_string();
+        assert!(err.contains("--gradient-checkpointing"), "{err}");
     }
 }
 

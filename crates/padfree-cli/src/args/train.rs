@@ -183,6 +183,11 @@ pub struct TrainArgs {
     /// parameters x (W-1)/W per rank; 0 keeps them whole on every rank.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub zero_stage: u8,
+    /// With several ranks and --gradient-checkpointing: all-reduce each
+    /// layer's gradients while the backward pass recomputes the layers
+    /// before it (PyTorch DDP's overlap), instead of all after it.
+    #[arg(long)]
+    pub ddp_overlap: bool,
     /// Peak learning rate [default: 5e-5; 1e-3 for the built-in demo run].
     #[arg(long)]
     pub learning_rate: Option<f64>,
@@ -466,6 +471,7 @@ impl TrainArgs {
                 ExchangeArg::Gather => Exchange::Gather,
             },
             zero_stage: self.zero_stage,
+            ddp_overlap: self.ddp_overlap,
             learning_rate: self
                 .learning_rate
                 .unwrap_or(demo(embedded_default, 1e-3, 5e-5)),
@@ -515,6 +521,11 @@ impl TrainArgs {
         if eval_strategy.is_some() && self.eval_data.is_none() && !embedded_default {
             bail!(
                 "--eval-strategy needs held-out data\nHINT: give --eval-data FILE (the same format as --data)"
+            );
+        }
+        if self.ddp_overlap && !self.gradient_checkpointing {
+            bail!(
+                "--ddp-overlap: the backward pass hands gradients over layer by layer only when it recomputes the layers\nHINT: add --gradient-checkpointing, or drop --ddp-overlap"
             );
         }
         if self.verify_packing && self.verify_packing_batches == 0 {

@@ -83,10 +83,15 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         }
         let config = job.train_config(&[]);
         say!(
-            "data-parallel: {world_size} ranks over {}, {} threads each; {} exchange, ZeRO stage {}{}",
+            "data-parallel: {world_size} ranks over {}, {} threads each; {} exchange{}, ZeRO stage {}{}",
             comm.backend(),
             rayon::current_num_threads(),
             config.ddp_exchange.name(),
+            if config.ddp_overlap {
+                " overlapped with the backward pass (one bucket per layer)"
+            } else {
+                ""
+            },
             config.zero_stage,
             if config.zero_stage == 1 {
                 " (AdamW's moments sharded over the ranks)"

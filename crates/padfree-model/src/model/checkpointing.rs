@@ -18,6 +18,11 @@
 //! the largest tensors of a small model's step, and the chunks keep them to
 //! [`HEAD_CHUNK_BYTES`].
 //!
+//! Each part also says how many of [`LlamaModel::gradient_buckets`] are
+//! then complete (no later part adds to them): data-parallel training
+//! starts exchanging those while the backward pass goes on (PyTorch DDP's
+//! buckets, here one per segment).
+//!
 //! The gradients are those of [`LlamaModel::loss_sum`] (the oracle, tested
 //! against in `tests/checkpointing.rs`), in another summation order: the
 //! head's gradient is a sum over chunks, a tied embedding's a sum of the
@@ -34,6 +39,8 @@ use crate::loss::{HEAD_CHUNK_BYTES, LabelRows, fused_cross_entropy_sum};
 use crate::tensor::{Gradients, Tensor, backward, grad, trainable};
 use crate::weights::table::index;
 
+use std::ops::Range;
+
 use super::LlamaModel;
 
 impl LlamaModel {
@@ -42,11 +49,44 @@ impl LlamaModel {
         (HEAD_CHUNK_BYTES / (4 * self.config.vocab_size.max(1))).max(1)
     }
 
+    /// The trained tensors (ranges of [`Self::trainable`]'s indices) in the
+    /// groups whose gradients [`Self::loss_backward_checkpointed`] completes
+    /// one after another, in that order: the final norm with an untied
+    /// head, each decoder layer from the last to the first, the embedding
+    /// (a tied head's gradient has a part from the head and one from the
+    /// embedding, so it completes last). With LoRA, each layer's adapters.
+    /// Every trained tensor is in exactly one bucket.
+    pub fn gradient_buckets(&self) -> Vec<Range<usize>> {
+        let layers = self.config.num_hidden_layers;
+        match &self.lora {
+            Some(lora) => {
+                let per_layer = 2 * lora.config.targets.len();
+                (0..layers)
+                    .rev()
+                    .map(|layer| layer * per_layer..(layer + 1) * per_layer)
+                    .collect()
+            }
+            None => {
+                let per_layer = self.layer_tensors.len();
+                let mut buckets = Vec::with_capacity(layers + 2);
+                buckets.push(index::final_norm(layers, per_layer)..self.params.len());
+                for layer in (0..layers).rev() {
+                    let start = index::layer_start(layer, per_layer);
+                    buckets.push(start..start + per_layer);
+                }
+                buckets.push(index::EMBEDDING..index::EMBEDDING + 1);
+                buckets
+            }
+        }
+    }
+
     /// Forward and backward of one batch with per-layer recomputation: the
     /// summed loss (as [`Self::loss_sum`]'s `sum`) is returned, and the
     /// gradients of `loss_sum / divisor` arrive in parts, each segment's
     /// [`Gradients`] handed to `take` once (a parameter may appear in
-    /// several parts: add them). The LoRA dropout masks are the model's
+    /// several parts: add them), with the number of leading
+    /// [`Self::gradient_buckets`] complete once that part is added (it
+    /// only grows; a batch without labels hands over no part). The LoRA dropout masks are the model's
     /// (its dropout seed), the same in the forward pass and the recomputation.
     /// The head runs on `head_chunk_rows` labelled rows at a time
     /// ([`Self::head_chunk_rows`] keeps a chunk's logits to
@@ -56,7 +96,7 @@ impl LlamaModel {
         input: &ModelInput<'_>,
         divisor: f64,
         head_chunk_rows: usize,
-        mut take: impl FnMut(&Gradients),
+        mut take: impl FnMut(&Gradients, usize),
     ) -> Result<f32, ModelError> {
         let layers = self.config.num_hidden_layers;
         // The inputs of every layer and of the final norm, `L + 1` of
@@ -84,17 +124,22 @@ impl LlamaModel {
             // Nothing is predicted: zero loss, zero gradients.
             return Ok(0.0);
         }
+        // The final norm's (and an untied head's) bucket, with full
+        // fine-tuning; LoRA trains nothing outside the layers.
+        let head_buckets = usize::from(self.lora.is_none());
         let leaf = trainable(Tensor::from_inner(last));
         let mut loss_sum = 0.0f32;
         let mut upstream: Option<Tensor<2>> = None;
-        for chunk in labels.chunks(head_chunk_rows) {
+        let chunks = labels.chunks(head_chunk_rows);
+        let last_chunk = chunks.len().saturating_sub(1);
+        for (at, chunk) in chunks.into_iter().enumerate() {
             let kept = leaf.clone().select(0, chunk.rows_tensor(&self.device));
             let normed = self.final_norm().forward(kept)?;
             let head = fused_linear(normed, self.head().value.clone())?;
             let loss = fused_cross_entropy_sum(head, &chunk)?;
             loss_sum += loss.value();
             let gradients = backward(&loss.sum.div_scalar(divisor));
-            take(&gradients);
+            take(&gradients, if at == last_chunk { head_buckets } else { 0 });
             upstream = add(upstream, grad(&leaf, &gradients));
         }
 
@@ -109,7 +154,7 @@ impl LlamaModel {
                 // d(sum(out * g))/d(out) = g: the upstream gradient seeds
                 // this segment's backward pass.
                 let gradients = backward(&(out * Tensor::from_inner(g)).sum());
-                take(&gradients);
+                take(&gradients, head_buckets + layers - layer);
                 upstream = grad(&leaf, &gradients);
             }
             Ok(())
@@ -120,7 +165,7 @@ impl LlamaModel {
             && let Some(g) = upstream
         {
             let gradients = backward(&(self.embed(input) * Tensor::from_inner(g)).sum());
-            take(&gradients);
+            take(&gradients, head_buckets + layers + 1);
         }
         Ok(loss_sum)
     }
