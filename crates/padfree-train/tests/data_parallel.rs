@@ -123,6 +123,23 @@ fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
         / scale
 }
 
+/// Every step's loss and every final tensor within 1e-6 relative of the
+/// reference: only the order of the gradient sums differs.
+fn assert_matches(what: &str, ours: &Outcome, reference: &Outcome) {
+    assert_eq!(ours.losses.len(), reference.losses.len(), "{what}");
+    for (step, (a, b)) in ours.losses.iter().zip(&reference.losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs(),
+            "{what}, step {}: loss {a} vs {b}",
+            step + 1
+        );
+    }
+    for (index, (a, b)) in ours.weights.iter().zip(&reference.weights).enumerate() {
+        let diff = relative_difference(a, b);
+        assert!(diff <= 1e-6, "{what}, parameter {index}: relative {diff:e}");
+    }
+}
+
 #[test]
 fn ranks_match_one_process_accumulating_over_the_same_bins() {
     let dir = scratch_dir("reference");
@@ -134,23 +151,8 @@ fn ranks_match_one_process_accumulating_over_the_same_bins() {
         for rank in &ranks[1..] {
             assert_eq!(rank, &ranks[0], "{world} ranks disagree");
         }
-        let ours = &ranks[0];
-        assert_eq!(ours.losses.len(), 5);
-        for (step, (a, b)) in ours.losses.iter().zip(&reference.losses).enumerate() {
-            // Only the order of the gradient sums differs.
-            assert!(
-                (a - b).abs() <= 1e-6 * b.abs(),
-                "{world} ranks, step {}: loss {a} vs {b}",
-                step + 1
-            );
-        }
-        for (index, (a, b)) in ours.weights.iter().zip(&reference.weights).enumerate() {
-            let diff = relative_difference(a, b);
-            assert!(
-                diff <= 1e-6,
-                "{world} ranks, parameter {index}: relative {diff:e}"
-            );
-        }
+        assert_eq!(ranks[0].losses.len(), 5);
+        assert_matches(&format!("{world} ranks"), &ranks[0], &reference);
     }
 }
 
@@ -193,17 +195,7 @@ fn ring_sharded_optimizer_and_gather_agree_with_one_process() {
         assert_eq!(rank, &ring[0], "ring ranks disagree");
     }
     for (what, ours) in &variants {
-        for (step, (a, b)) in ours.losses.iter().zip(&reference.losses).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-6 * b.abs(),
-                "{what}, step {}: loss {a} vs {b}",
-                step + 1
-            );
-        }
-        for (index, (a, b)) in ours.weights.iter().zip(&reference.weights).enumerate() {
-            let diff = relative_difference(a, b);
-            assert!(diff <= 1e-6, "{what}, parameter {index}: relative {diff:e}");
-        }
+        assert_matches(what, ours, &reference);
     }
     // Sharding changes the norm's order of additions only: it may match
     // the ring's bits, and must match them to rounding.
@@ -262,20 +254,7 @@ fn the_exchange_overlapped_with_the_backward_pass_agrees_with_one_process() {
         "the overlapped run has the plain exchange's bits"
     );
     assert_eq!(ours.losses.len(), 4);
-    for (step, (a, b)) in ours.losses.iter().zip(&reference.losses).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-6 * b.abs(),
-            "overlap, step {}: loss {a} vs {b}",
-            step + 1
-        );
-    }
-    for (index, (a, b)) in ours.weights.iter().zip(&reference.weights).enumerate() {
-        let diff = relative_difference(a, b);
-        assert!(
-            diff <= 1e-6,
-            "overlap, parameter {index}: relative {diff:e}"
-        );
-    }
+    assert_matches("overlap", ours, &reference);
 }
 
 /// Without recomputation the backward pass returns every gradient at once:
