@@ -56,7 +56,7 @@ pub use error::TrainError;
 pub use eval::{EvalResult, EvalSet, EvalSettings, EvalStrategy};
 pub use metrics::{LogRecord, RunPart, StepMetrics, TrainSummary, peak_memory_bytes};
 pub use optim::AdamW;
-pub use plan::{PlannedStep, TrainPlan};
+pub use plan::{EarlierLayout, PlannedStep, TrainPlan};
 pub use schedule::LrSchedule;
 pub use state::{Continuation, DataIdentity, STATE_FORMAT, TrainerState};
 pub use trainer::{Observer, Trainer};

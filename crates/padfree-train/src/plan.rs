@@ -4,8 +4,24 @@ use padfree_pack::{
     BudgetKind, PackingConfig, PackingReport, SplitMix64, batch_by_token_budget, plan_epoch,
 };
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::{Batching, Multipack, TrainConfig};
 use crate::error::TrainError;
+
+/// A layout of ranks a run trained on before it was resumed on another
+/// number of micro-batches per step: `W x A` for the steps before
+/// `until_step` (after the previous one's). `trainer_state.json` keeps them
+/// (`earlier_layouts`), so that every later resume plans the same steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EarlierLayout {
+    /// `W`.
+    pub world_size: usize,
+    /// `A`.
+    pub gradient_accumulation_steps: usize,
+    /// The first step planned for the next layout.
+    pub until_step: usize,
+}
 
 /// One optimizer step: the micro-batches it accumulates over.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +79,20 @@ impl TrainPlan {
     /// `num_train_epochs` epochs. A last window of an epoch with fewer than
     /// `gradient_accumulation_steps` micro-batches is still a step.
     pub fn new(lengths: &[usize], config: &TrainConfig) -> Result<Self, TrainError> {
+        Self::with_history(lengths, config, &[])
+    }
+
+    /// The plan of a run resumed on other numbers of micro-batches per
+    /// step: the steps before each of `earlier`'s `until_step` are that
+    /// layout's; from there the rest of the epoch under way (its examples
+    /// no earlier step trained on, by index) is planned afresh for the next
+    /// layout, and so is every later epoch. Each epoch still trains every
+    /// example once. Without `earlier`, [`Self::new`].
+    pub fn with_history(
+        lengths: &[usize],
+        config: &TrainConfig,
+        earlier: &[EarlierLayout],
+    ) -> Result<Self, TrainError> {
         config.validate()?;
         if lengths.is_empty() {
             return Err(TrainError::Config {
@@ -72,18 +102,71 @@ impl TrainPlan {
             });
         }
         check_lengths(lengths, config.batching)?;
-        let mut steps = Vec::new();
+        let mut done = Vec::new();
+        for layout in earlier {
+            let config = TrainConfig {
+                world_size: layout.world_size,
+                gradient_accumulation_steps: layout.gradient_accumulation_steps,
+                ..config.clone()
+            };
+            config.validate()?;
+            let mut steps = Self::after(lengths, &config, done)?.steps;
+            steps.truncate(layout.until_step);
+            done = steps;
+        }
+        Self::after(lengths, config, done)
+    }
+
+    /// `done` (steps already planned, perhaps for another layout), then
+    /// `config`'s steps from where they stop.
+    fn after(
+        lengths: &[usize],
+        config: &TrainConfig,
+        mut steps: Vec<PlannedStep>,
+    ) -> Result<Self, TrainError> {
+        // The epoch `done` stops in, and what of it `done` trained on.
+        let mut trained = vec![false; lengths.len()];
+        let first_epoch = match steps.last() {
+            None => 0,
+            Some(last) if last.ends_epoch() => last.epoch + 1,
+            Some(last) => {
+                for step in steps.iter().filter(|s| s.epoch == last.epoch) {
+                    for example in step.examples() {
+                        trained[example] = true;
+                    }
+                }
+                last.epoch
+            }
+        };
         let mut packing = Vec::new();
-        for epoch in 0.. {
-            let (epoch_steps, report) = epoch_steps(lengths, config, epoch)?;
+        for epoch in first_epoch.. {
+            let (done_in_epoch, trained) = if epoch == first_epoch {
+                let done = steps.iter().filter(|s| s.epoch == epoch).count();
+                (done, trained.as_slice())
+            } else {
+                (0, &[][..])
+            };
+            let (mut epoch_steps, report) = epoch_steps(lengths, config, epoch, trained)?;
+            let in_epoch = done_in_epoch + epoch_steps.len();
+            for step in &mut epoch_steps {
+                step.index_in_epoch += done_in_epoch;
+            }
+            // The epoch's count includes its steps on the earlier layout.
+            for step in steps.iter_mut().filter(|s| s.epoch == epoch) {
+                step.steps_in_epoch = in_epoch;
+            }
+            for step in &mut epoch_steps {
+                step.steps_in_epoch = in_epoch;
+            }
             let wanted = match config.max_steps {
-                Some(max_steps) => max_steps - steps.len(),
+                Some(max_steps) => max_steps.saturating_sub(steps.len()),
                 None => {
                     let remaining = config.num_train_epochs - epoch as f64;
                     if remaining <= 0.0 {
                         break;
                     }
-                    (remaining.min(1.0) * epoch_steps.len() as f64).ceil() as usize
+                    let epoch_total = (remaining.min(1.0) * in_epoch as f64).ceil() as usize;
+                    epoch_total.saturating_sub(done_in_epoch)
                 }
             };
             steps.extend(epoch_steps.into_iter().take(wanted));
@@ -139,16 +222,31 @@ fn check_lengths(lengths: &[usize], batching: Batching) -> Result<(), TrainError
     }
 }
 
+/// One epoch's steps over the examples not marked in `trained` (by index;
+/// empty: none is).
 fn epoch_steps(
     lengths: &[usize],
     config: &TrainConfig,
     epoch: usize,
+    trained: &[bool],
 ) -> Result<(Vec<PlannedStep>, Option<PackingReport>), TrainError> {
+    let untrained = |i: &usize| !trained.get(*i).copied().unwrap_or(false);
     if let Batching::Multipack(multipack) = config.batching {
-        let (ranks_per_step, report) = multipack_epoch(lengths, config, multipack, epoch)?;
+        // The rest of an epoch is packed on its own, its indices mapped back.
+        let rest: Vec<usize> = (0..lengths.len()).filter(untrained).collect();
+        let rest_lengths: Vec<usize> = rest.iter().map(|&i| lengths[i]).collect();
+        let (mut ranks_per_step, report) =
+            multipack_epoch(&rest_lengths, config, multipack, epoch)?;
+        for example in ranks_per_step.iter_mut().flatten().flatten().flatten() {
+            *example = rest[*example];
+        }
         return Ok((into_steps(ranks_per_step, epoch), Some(report)));
     }
-    let order = epoch_order(lengths.len(), config, epoch);
+    // The epoch's order, less what was trained: the rest keeps its place.
+    let order: Vec<usize> = epoch_order(lengths.len(), config, epoch)
+        .into_iter()
+        .filter(untrained)
+        .collect();
     let micro_batches: Vec<Vec<usize>> = match config.batching {
         Batching::Examples(size) => order.chunks(size).map(<[usize]>::to_vec).collect(),
         Batching::TokenBudget(budget) => {
@@ -319,6 +417,121 @@ mod tests {
             num_train_epochs: 2.0,
             ..TrainConfig::default()
         }
+    }
+
+    /// The same micro-batches on the same ranks, step by step (the epoch's
+    /// step count may differ: it counts the new layout's steps too).
+    fn assert_same_batches(ours: &[PlannedStep], theirs: &[PlannedStep]) {
+        assert_eq!(ours.len(), theirs.len());
+        for (a, b) in ours.iter().zip(theirs) {
+            assert_eq!(
+                (a.epoch, a.index_in_epoch, &a.ranks),
+                (b.epoch, b.index_in_epoch, &b.ranks)
+            );
+        }
+    }
+
+    /// Every epoch of `plan` trains every example of `0..n` once.
+    fn assert_each_epoch_whole(plan: &TrainPlan, n: usize, epochs: usize) {
+        for epoch in 0..epochs {
+            let steps: Vec<&PlannedStep> =
+                plan.steps().iter().filter(|s| s.epoch == epoch).collect();
+            let mut seen: Vec<usize> = steps.iter().flat_map(|s| s.examples()).collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>(), "epoch {epoch}");
+            for (index, step) in steps.iter().enumerate() {
+                assert_eq!(step.index_in_epoch, index, "epoch {epoch}");
+                assert_eq!(step.steps_in_epoch, steps.len(), "epoch {epoch}");
+            }
+        }
+    }
+
+    /// A run of 2 ranks x 2 bins resumed mid-epoch on 3 x 1, and that on
+    /// 1 x 4: the earlier steps are the earlier layouts' own, the rest of
+    /// each epoch is planned for the new layout over the examples not yet
+    /// trained on, and every epoch still trains every example once. Cut at
+    /// an epoch's end, the next epochs are a fresh plan's.
+    #[test]
+    fn a_plan_resumed_on_another_layout_keeps_every_epoch_whole() {
+        let lengths = ragged(101);
+        let first = multipack(80, 2, 2);
+        let plain = TrainPlan::new(&lengths, &first).expect("plans");
+        let per_epoch = plain.steps().iter().filter(|s| s.epoch == 0).count();
+        assert!(per_epoch > 4, "{per_epoch} steps an epoch");
+        let cut = per_epoch / 2;
+        let history = [EarlierLayout {
+            world_size: 2,
+            gradient_accumulation_steps: 2,
+            until_step: cut,
+        }];
+        let second = multipack(80, 3, 1);
+        let resumed = TrainPlan::with_history(&lengths, &second, &history).expect("plans");
+        assert_same_batches(&resumed.steps()[..cut], &plain.steps()[..cut]);
+        assert!(resumed.steps()[cut..].iter().all(|s| s.ranks.len() == 3));
+        assert_each_epoch_whole(&resumed, lengths.len(), 2);
+        let fresh = TrainPlan::new(&lengths, &second).expect("plans");
+        let epoch = |plan: &TrainPlan, e: usize| -> Vec<PlannedStep> {
+            plan.steps()
+                .iter()
+                .filter(|s| s.epoch == e)
+                .cloned()
+                .collect()
+        };
+        assert_eq!(epoch(&resumed, 1), epoch(&fresh, 1));
+
+        // Twice: the second layout's steps up to a cut of their own, then 1 x 4.
+        let again = [
+            history[0],
+            EarlierLayout {
+                world_size: 3,
+                gradient_accumulation_steps: 1,
+                until_step: cut + 3,
+            },
+        ];
+        let third = multipack(80, 1, 4);
+        let twice = TrainPlan::with_history(&lengths, &third, &again).expect("plans");
+        assert_same_batches(&twice.steps()[..cut + 3], &resumed.steps()[..cut + 3]);
+        assert_each_epoch_whole(&twice, lengths.len(), 2);
+
+        // Cut where an epoch ends: the next epoch is a fresh plan's.
+        let at_end = [EarlierLayout {
+            until_step: per_epoch,
+            ..history[0]
+        }];
+        let ended = TrainPlan::with_history(&lengths, &second, &at_end).expect("plans");
+        assert_eq!(epoch(&ended, 1), epoch(&fresh, 1));
+        assert_each_epoch_whole(&ended, lengths.len(), 2);
+    }
+
+    /// Fixed batches keep the epoch's order: the rest of it is the
+    /// untrained examples in their shuffled places, cut into the new
+    /// layout's micro-batches; `max_steps` still bounds the whole run.
+    #[test]
+    fn fixed_batches_resumed_on_another_layout_keep_the_order() {
+        let layout = |world: usize, accumulation: usize| TrainConfig {
+            world_size: world,
+            max_steps: Some(9),
+            ..config(2, accumulation)
+        };
+        let lengths = vec![5; 20];
+        let plain = TrainPlan::new(&lengths, &layout(1, 2)).expect("plans");
+        let history = [EarlierLayout {
+            world_size: 1,
+            gradient_accumulation_steps: 2,
+            until_step: 2,
+        }];
+        let resumed = TrainPlan::with_history(&lengths, &layout(3, 1), &history).expect("plans");
+        assert_eq!(resumed.len(), 9);
+        assert_same_batches(&resumed.steps()[..2], &plain.steps()[..2]);
+        let order = |plan: &TrainPlan| -> Vec<usize> {
+            plan.steps()
+                .iter()
+                .filter(|s| s.epoch == 0)
+                .flat_map(PlannedStep::examples)
+                .collect()
+        };
+        assert_eq!(order(&resumed), order(&plain));
+        assert_each_epoch_whole(&resumed, 20, 1);
     }
 
     fn ragged(n: usize) -> Vec<usize> {

@@ -13,6 +13,7 @@ use crate::best_model::BestModel;
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::metrics::LogRecord;
+use crate::plan::EarlierLayout;
 
 /// Tag of the `trainer_state.json` layout.
 pub const STATE_FORMAT: &str = "padfree-trainer-state/1";
@@ -60,6 +61,11 @@ pub struct TrainerState {
     /// resume refuses another one, so no two sets are compared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_data: Option<DataIdentity>,
+    /// The layouts of ranks the run trained on before it was resumed on
+    /// another `W x A`, oldest first (empty: one layout throughout): the
+    /// plan of the steps taken depends on them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_layouts: Vec<EarlierLayout>,
 }
 
 /// Which examples a data set holds, as a resume compares them.
@@ -74,6 +80,17 @@ pub struct DataIdentity {
 /// How a resumed run goes on from its saved state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Continuation {
+    /// Another number of micro-batches per step (`W x A`): the steps
+    /// taken stay as they were; the rest of the epoch under way (the
+    /// examples not yet trained on) and every later epoch are planned for
+    /// the new layout, and the learning-rate schedule is recomputed over
+    /// the new total. Not bit-identical to any uninterrupted run.
+    Replanned {
+        /// The saved layout, for the log.
+        saved: String,
+        /// The steps it took.
+        at_step: usize,
+    },
     /// The same run, bit-identically.
     Exact,
     /// A finished run trained further: more steps than its `saved` ones,
@@ -114,11 +131,13 @@ pub(crate) fn layout(config: &TrainConfig) -> String {
 
 impl TrainerState {
     /// Refuses a saved state (`self`, read from `path`) that the run about to
-    /// continue it (`now`, a fresh trainer's state) cannot continue
-    /// bit-identically: another layout, settings, data or step count. One
-    /// exception: a finished run may be extended with a larger
+    /// continue it (`now`, a fresh trainer's state with the saved
+    /// `earlier_layouts`) cannot continue: other settings, data or step
+    /// count. Two exceptions: a finished run may be extended with a larger
     /// `--max-steps` / `--num-train-epochs` (the steps it took are the first
-    /// steps of the longer plan, which depends only on the seed and data).
+    /// steps of the longer plan, which depends only on the seed and data),
+    /// and another `W x A` re-plans the rest of the run
+    /// ([`Continuation::Replanned`]).
     pub fn check_continues(
         &self,
         now: &TrainerState,
@@ -135,47 +154,14 @@ impl TrainerState {
                 "resume with the padfree version that wrote it",
             ));
         }
-        let extends = self.global_step == self.total_steps && now.total_steps > self.total_steps;
         // The plan depends on the ranks only through `W x A` (every step
         // holds the same micro-batches for the same product), so another
-        // world size with the same product resumes the same steps.
-        let same_batches = self.config.global_micro_batches() == now.config.global_micro_batches();
-        if !same_batches
-            && (
-                self.config.world_size,
-                self.config.gradient_accumulation_steps,
-            ) != (
-                now.config.world_size,
-                now.config.gradient_accumulation_steps,
-            )
-        {
-            let (w, a) = (
-                self.config.world_size,
-                self.config.gradient_accumulation_steps,
-            );
-            let w_now = now.config.world_size;
-            let hint = if (w * a) % w_now == 0 {
-                format!(
-                    "keep {} micro-batches per step: with {w_now} ranks give --gradient-accumulation-steps {}",
-                    w * a,
-                    w * a / w_now
-                )
-            } else {
-                format!(
-                    "resume on a number of ranks that divides {} (the saved run's {w} ranks x {a} micro-batches per step)",
-                    w * a
-                )
-            };
-            return Err(refuse(
-                format!(
-                    "the run was saved with world_size {w} x gradient_accumulation_steps {a} = {} micro-batches per step; now {w_now} x {} = {}: the steps would hold other examples",
-                    w * a,
-                    now.config.gradient_accumulation_steps,
-                    now.config.global_micro_batches()
-                ),
-                &hint,
-            ));
-        }
+        // world size with the same product resumes the same steps; another
+        // product re-plans the rest of the run (`TrainPlan::with_history`).
+        let replanned = self.config.global_micro_batches() != now.config.global_micro_batches();
+        let extends = !replanned
+            && self.global_step == self.total_steps
+            && now.total_steps > self.total_steps;
         let mut free: Vec<&str> = vec![
             "world_size",
             "gradient_accumulation_steps",
@@ -207,6 +193,12 @@ impl TrainerState {
                 ),
                 "resume with the same --data, tokenizer and --max-seq-len",
             ));
+        }
+        if replanned {
+            return Ok(Continuation::Replanned {
+                saved: layout(&self.config),
+                at_step: self.global_step,
+            });
         }
         if extends {
             return Ok(Continuation::Extends {

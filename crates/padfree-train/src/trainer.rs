@@ -19,7 +19,7 @@ use crate::grads::{GradSums, add_on_host, ring_all_reduce};
 use crate::metrics::{LogRecord, RunPart, StepMetrics, TrainSummary, peak_memory_bytes};
 use crate::optim::{AdamW, DeviceAdamW};
 use crate::outputs;
-use crate::plan::TrainPlan;
+use crate::plan::{EarlierLayout, TrainPlan};
 use crate::schedule::LrSchedule;
 use crate::state::{Continuation, DataIdentity, STATE_FORMAT, TrainerState};
 
@@ -61,6 +61,9 @@ pub struct Trainer {
     device_optimizer: Option<DeviceAdamW>,
     schedule: LrSchedule,
     plan: TrainPlan,
+    /// The layouts the steps before this one's were planned for (a run
+    /// resumed on another `W x A`).
+    earlier_layouts: Vec<EarlierLayout>,
     config: TrainConfig,
     examples: Vec<Example>,
     data_fingerprint: u64,
@@ -215,17 +218,7 @@ impl Trainer {
         }
         let lengths: Vec<usize> = examples.iter().map(Example::len).collect();
         let plan = TrainPlan::new(&lengths, &config)?;
-        let total_steps = plan.len();
-        let warmup_steps = match config.warmup {
-            Warmup::Steps(steps) => steps,
-            Warmup::Ratio(ratio) => (ratio * total_steps as f64).ceil() as usize,
-        };
-        let schedule = LrSchedule {
-            base: config.learning_rate,
-            kind: config.lr_scheduler_type,
-            warmup_steps,
-            total_steps,
-        };
+        let schedule = schedule_for(&config, plan.len());
         let params = model
             .trainable()
             .into_iter()
@@ -255,6 +248,7 @@ impl Trainer {
             device_optimizer: None,
             schedule,
             plan,
+            earlier_layouts: Vec::new(),
             config,
             examples,
             output_dir: output_dir.to_owned(),
@@ -312,10 +306,23 @@ impl Trainer {
         let checkpoint_dir = checkpoint.dir();
         let mut trainer = Self::new_on(comm, model, examples, config, output_dir, artifacts)?;
         let saved = checkpoint::read_state(checkpoint_dir)?;
+        // The steps the saved run took were planned for its own layouts.
+        if !saved.earlier_layouts.is_empty() {
+            trainer.replan(saved.earlier_layouts.clone())?;
+        }
         let continuation = saved.check_continues(
             &trainer.state(),
             &checkpoint_dir.join(checkpoint::STATE_FILE),
         )?;
+        if let Continuation::Replanned { at_step, .. } = continuation {
+            let mut earlier = saved.earlier_layouts.clone();
+            earlier.push(EarlierLayout {
+                world_size: saved.config.world_size,
+                gradient_accumulation_steps: saved.config.gradient_accumulation_steps,
+                until_step: at_step,
+            });
+            trainer.replan(earlier)?;
+        }
         checkpoint::read_optimizer(checkpoint_dir, &saved, &mut trainer.optimizer)?;
         // The run directory the checkpoint sits in now, wherever it was
         // when it was written (moved and copied runs resume too).
@@ -332,6 +339,22 @@ impl Trainer {
                 trainer.notes.push(format!(
                     "resuming a run saved as {saved} on {}: every step trains the same examples and the optimizer state is re-cut, but the ranks' gradients are added in another order, so the losses match the saved layout's to f32 rounding, not bit for bit",
                     crate::state::layout(&trainer.config)
+                ));
+            }
+            Continuation::Replanned { saved, at_step } => {
+                let step = at_step.checked_sub(1).map(|i| &trainer.plan.steps()[i]);
+                let place = match step {
+                    Some(step) if !step.ends_epoch() => format!(
+                        "the rest of epoch {} (the examples its first {} steps did not train on) and every later epoch are planned",
+                        step.epoch + 1,
+                        step.index_in_epoch + 1
+                    ),
+                    _ => "every epoch from here is planned".to_owned(),
+                };
+                trainer.notes.push(format!(
+                    "resuming a run saved as {saved} after step {at_step} on {}: another number of micro-batches per step, so {place} for the new layout; the run now has {} steps and its learning-rate schedule is recomputed over them: not bit-identical to any uninterrupted run",
+                    crate::state::layout(&trainer.config),
+                    trainer.plan.len()
                 ));
             }
             Continuation::Exact => {}
@@ -1207,6 +1230,20 @@ fn forward_backward(
     })
 }
 
+/// The learning-rate schedule of `config` over `total_steps`.
+fn schedule_for(config: &TrainConfig, total_steps: usize) -> LrSchedule {
+    let warmup_steps = match config.warmup {
+        Warmup::Steps(steps) => steps,
+        Warmup::Ratio(ratio) => (ratio * total_steps as f64).ceil() as usize,
+    };
+    LrSchedule {
+        base: config.learning_rate,
+        kind: config.lr_scheduler_type,
+        warmup_steps,
+        total_steps,
+    }
+}
+
 /// How the exchange of an overlapped micro-batch went. (The time spent in
 /// the all-reduces while the backward pass ran is not reported: it is
 /// mostly waiting for the other ranks to reach the same bucket.)
@@ -1545,7 +1582,19 @@ impl Trainer {
             run_id: self.run_id.clone(),
             padded_tokens_seen: self.padded_tokens_seen,
             eval_data: self.eval_data.clone(),
+            earlier_layouts: self.earlier_layouts.clone(),
         }
+    }
+
+    /// Plans the run anew as resumed after `earlier` layouts (the steps
+    /// each took, then this config's from there), with the
+    /// learning-rate schedule over the new total.
+    fn replan(&mut self, earlier: Vec<EarlierLayout>) -> Result<(), TrainError> {
+        let lengths: Vec<usize> = self.examples.iter().map(Example::len).collect();
+        self.plan = TrainPlan::with_history(&lengths, &self.config, &earlier)?;
+        self.schedule = schedule_for(&self.config, self.plan.len());
+        self.earlier_layouts = earlier;
+        Ok(())
     }
 
     /// Continues from a saved state (already checked with

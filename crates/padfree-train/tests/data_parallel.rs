@@ -374,21 +374,113 @@ fn resume_on_two_ranks_continues_exactly() {
         );
         assert_eq!(rank.weights, straight.weights);
     }
-    // Another world size cannot continue this run.
-    let weights = LlamaModel::from_hf_dir(&checkpoint, &cpu_device(true)).expect("loads");
-    let err = Trainer::resume(
+}
+
+/// Stops a run after a step, as Ctrl-C does (a checkpoint is written), and
+/// keeps the notes told at the start.
+#[derive(Default)]
+struct StopAt {
+    step: Option<usize>,
+    reached: usize,
+    notes: Vec<String>,
+}
+
+impl Observer for StopAt {
+    fn on_step(&mut self, metrics: &StepMetrics, _total: usize) {
+        self.reached = metrics.step;
+    }
+    fn on_note(&mut self, note: &str) {
+        self.notes.push(note.to_owned());
+    }
+    fn stop_requested(&self) -> bool {
+        self.step.is_some_and(|step| self.reached >= step)
+    }
+}
+
+/// One process resumed from `checkpoint` with `config` into `dir`.
+fn resume_one(checkpoint: &Path, config: &TrainConfig, dir: &Path) -> Trainer {
+    let weights = LlamaModel::from_hf_dir(checkpoint, &cpu_device(true)).expect("loads");
+    Trainer::resume(
         weights,
-        &checkpoint::verify(&checkpoint).expect("verifies"),
+        &checkpoint::verify(checkpoint).expect("verifies"),
         examples(60, 128, 5),
-        TrainConfig {
-            world_size: 1,
-            ..saving.clone()
-        },
-        dir.path(),
+        config.clone(),
+        dir,
         Vec::new(),
     )
-    .expect_err("one rank cannot continue a two-rank run");
-    assert!(err.to_string().contains("world_size"), "{err}");
+    .expect("resumes")
+}
+
+/// A run of 1 x 2 micro-batches per step resumed after step 2 with 1: the
+/// rest is re-planned, said in a note, the steps after the cut train on
+/// the examples the first two did not (each once per epoch: `plan.rs`),
+/// and `trainer_state.json` keeps the earlier layout, so the re-planned
+/// run's own checkpoint resumes it bit-identically.
+#[test]
+fn another_number_of_micro_batches_re_plans_the_rest_and_resumes_exactly() {
+    let saving = |accumulation: usize| TrainConfig {
+        save_strategy: SaveStrategy::Steps(2),
+        ..config(1, accumulation, 6)
+    };
+    let first = scratch_dir("replan-first");
+    prepare_output_dir(first.path(), true, false).expect("output dir");
+    let mut trainer = Trainer::new(
+        fresh_model(),
+        examples(60, 128, 5),
+        saving(2),
+        first.path(),
+        Vec::new(),
+    )
+    .expect("trainer");
+    let mut stop = StopAt {
+        step: Some(2),
+        ..StopAt::default()
+    };
+    assert!(trainer.train(&mut stop).expect("trains").interrupted);
+    let cut = first.path().join("checkpoint-2");
+
+    // Re-planned for 1 micro-batch per step, straight to the end.
+    let straight = scratch_dir("replan-straight");
+    prepare_output_dir(straight.path(), true, false).expect("output dir");
+    let mut replanned = resume_one(&cut, &saving(1), straight.path());
+    let mut observer = StopAt::default();
+    replanned.train(&mut observer).expect("trains");
+    assert!(
+        observer
+            .notes
+            .iter()
+            .any(|n| n.contains("planned for the new layout")),
+        "{:?}",
+        observer.notes
+    );
+    let reference = outcome(&replanned);
+    assert_eq!(reference.losses.len(), 6);
+    assert_eq!(reference.losses[..2], trainer.step_losses()[..2]);
+    let state = replanned.state();
+    assert_eq!(
+        state.earlier_layouts,
+        vec![padfree_train::EarlierLayout {
+            world_size: 1,
+            gradient_accumulation_steps: 2,
+            until_step: 2,
+        }]
+    );
+
+    // Its checkpoint-4 resumed on the same layout: the same steps, bit for bit.
+    let again = scratch_dir("replan-again");
+    prepare_output_dir(again.path(), true, false).expect("output dir");
+    let mut resumed = resume_one(
+        &straight.path().join("checkpoint-4"),
+        &saving(1),
+        again.path(),
+    );
+    let mut observer = StopAt::default();
+    resumed.train(&mut observer).expect("trains");
+    assert!(observer.notes.is_empty(), "{:?}", observer.notes);
+    assert!(
+        outcome(&resumed) == reference,
+        "the re-planned run did not resume exactly"
+    );
 }
 
 #[test]
