@@ -24,11 +24,14 @@
 //! - `collate.rs`: a micro-batch flattened or padded, for training and
 //!   evaluation alike; `grads.rs`: a step's gradient sums on the host or on
 //!   the device (norm, rank exchange); `optim.rs`: AdamW on the host, and its
-//!   values and moments on a GPU; `best_model.rs`: the run's best model.
+//!   values and moments on a GPU; `best_model.rs`: the run's best model;
+//!   `overlap.rs`: the exchange bucket by bucket under the recomputed
+//!   backward pass (`ddp_overlap`).
 //!
 //! Modules depend one way: `trainer` -> `checkpoint`, `outputs` -> `state`
 //! -> `metrics` -> `best_model`; `trainer` -> `eval` -> `collate`, `grads`,
-//! `optim`; nothing imports `trainer`.
+//! `optim`; `trainer` -> `overlap` -> `collate`, `grads`; nothing imports
+//! `trainer`.
 
 mod best_model;
 pub mod checkpoint;
@@ -41,6 +44,7 @@ mod grads;
 mod metrics;
 mod optim;
 pub mod outputs;
+mod overlap;
 mod plan;
 mod schedule;
 mod state;
