@@ -621,8 +621,9 @@ fn bench_compares_ranks_with_one_process_on_the_same_bins() {
 /// micro-batches (dropout masks follow the micro-batch's examples, not its
 /// rank): the same step losses (1e-6 relative) and adapter tensors (2e-6 of
 /// each tensor's norm, the bound of the full-model test above); with the
-/// adapters' moments sharded (ZeRO stage 1), the same losses; and the same
-/// eval losses, the held-out set split over the ranks.
+/// adapters' moments sharded (ZeRO stage 1), and with each layer's adapters
+/// exchanged under the recomputed backward pass (`--ddp-overlap`), the same
+/// losses; and the same eval losses, the held-out set split over the ranks.
 #[test]
 fn lora_ranks_match_one_process() {
     let guard = scratch("mpi-lora");
@@ -665,6 +666,13 @@ fn lora_ranks_match_one_process() {
     sharded_args.extend(["--zero-stage".to_owned(), "1".to_owned()]);
     let output = mpirun(2, &as_str(&sharded_args), &[]);
     assert!(output.status.success(), "{}", stderr(&output));
+    // Each layer's adapters exchanged under the recomputed backward pass
+    // (recomputation adds a few sums in another order: within 1e-6 too).
+    let overlapped = dir.join("overlapped");
+    let mut overlapped_args = args(&overlapped, 1);
+    overlapped_args.extend(["--gradient-checkpointing", "--ddp-overlap"].map(str::to_owned));
+    let output = mpirun(2, &as_str(&overlapped_args), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
     let eval_losses = |dir: &Path| -> Vec<f64> {
         trainer_state(dir)["log_history"]
             .as_array()
@@ -674,7 +682,7 @@ fn lora_ranks_match_one_process() {
             .collect()
     };
     assert_eq!(eval_losses(&one).len(), 2, "evaluated at steps 3 and 6");
-    for run in [&two, &sharded] {
+    for run in [&two, &sharded, &overlapped] {
         for (what, ours, theirs) in [
             ("step", step_losses(run), step_losses(&one)),
             ("eval", eval_losses(run), eval_losses(&one)),
