@@ -1002,18 +1002,15 @@ impl Trainer {
         }
         self.model.set_lora_dropout_seed(None);
         let device = self.model.device().clone().inner();
+        grads.zero_where_missing(&self.model.trainable(), &device);
         let sharded = self.optimizer.is_sharded();
         let exchange_started = Instant::now();
         let mut norm_of_shards = None;
-        if self.comm.world_size() > 1 && overlap && overlapped.is_none() {
+        if let (true, None, GradSums::Host(sums)) = (overlap, &overlapped, &mut grads) {
             // No micro-batch on this rank in this step: its (zero) sums
             // still join every bucket's all-reduce, in the same order.
-            grads.zero_where_missing(&self.model.trainable(), &device);
-            if let GradSums::Host(sums) = &mut grads {
-                all_reduce_by_bucket(self.comm.as_ref(), &self.model.gradient_buckets(), sums)?;
-            }
+            all_reduce_by_bucket(self.comm.as_ref(), &self.model.gradient_buckets(), sums)?;
         }
-        grads.zero_where_missing(&self.model.trainable(), &device);
         if self.comm.world_size() > 1 {
             if sharded {
                 let (comm, shard) = (self.comm.as_ref(), self.shard());

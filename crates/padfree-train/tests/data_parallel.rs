@@ -92,18 +92,26 @@ fn train(world: usize, accumulation: usize, steps: usize, dir: &Path) -> Vec<Out
 }
 
 fn train_with(config: TrainConfig, dir: &Path) -> Vec<Outcome> {
+    train_ranks(config, dir, false)
+}
+
+/// `config` on its world size of ranks into `dir`, with per-layer
+/// recomputation or without; every rank's outcome.
+fn train_ranks(config: TrainConfig, dir: &Path, checkpointed: bool) -> Vec<Outcome> {
     let world = config.world_size;
     prepare_output_dir(dir, true, false).expect("output dir");
     // One rank is a group of one: every collective is the identity.
     run_ranks(LocalGroup::new(world), |comm| {
-        Trainer::new_on(
+        let mut trainer = Trainer::new_on(
             comm,
             fresh_model(),
             examples(60, 128, 5),
             config.clone(),
             dir,
             Vec::new(),
-        )
+        )?;
+        trainer.set_gradient_checkpointing(checkpointed);
+        Ok(trainer)
     })
     .into_iter()
     .map(|r| r.expect("rank trains"))
@@ -207,23 +215,7 @@ fn ring_sharded_optimizer_and_gather_agree_with_one_process() {
 
 /// `config` with per-layer recomputation on every rank.
 fn train_checkpointed(config: TrainConfig, dir: &Path) -> Vec<Outcome> {
-    let world = config.world_size;
-    prepare_output_dir(dir, true, false).expect("output dir");
-    run_ranks(LocalGroup::new(world), |comm| {
-        let mut trainer = Trainer::new_on(
-            comm,
-            fresh_model(),
-            examples(60, 128, 5),
-            config.clone(),
-            dir,
-            Vec::new(),
-        )?;
-        trainer.set_gradient_checkpointing(true);
-        Ok(trainer)
-    })
-    .into_iter()
-    .map(|r| r.expect("rank trains"))
-    .collect()
+    train_ranks(config, dir, true)
 }
 
 /// The exchange overlapped with the recomputed backward pass, one bucket per
