@@ -14,6 +14,13 @@ Usage (from the repository root, in a virtual environment):
     .venv-ref/bin/python scripts/make_reference.py [llama mistral qwen2 qwen3]
 
 The fixtures land in fixtures/hf/<name>/ and are committed; the tests need no Python.
+
+`--bf16` writes only fixtures/hf/llama-tiny/expected-bf16.safetensors: the
+same batch through the saved llama-tiny (f32 weights) under
+`torch.autocast("cpu", torch.bfloat16)`, as HF's Trainer with `bf16=True`
+runs it, for padfree's `--bf16`:
+
+    .venv-ref/bin/python scripts/make_reference.py --bf16
 """
 
 import json
@@ -156,7 +163,35 @@ def reference(kind):
     print(f"{directory}: loss {out.loss.item():.6f}, {len(expected) - 6} gradients")
 
 
+def reference_bf16():
+    directory = OUT / "llama-tiny"
+    model = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager")
+    features = make_features(model.config.vocab_size, seed=99)
+    batch = DataCollatorWithFlattening(return_tensors="pt")(features)
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(
+            input_ids=batch["input_ids"],
+            position_ids=batch["position_ids"],
+            labels=batch["labels"],
+            use_cache=False,
+        )
+    out.loss.backward()
+    expected = {
+        "logits": out.logits[0].detach().float().contiguous(),
+        "loss": out.loss.detach().float().reshape(1),
+    }
+    for name, param in model.named_parameters():
+        expected[f"grad.{name}"] = param.grad.detach().float().contiguous()
+    save_file(expected, directory / "expected-bf16.safetensors")
+    print(f"{directory}/expected-bf16.safetensors: loss {out.loss.item():.6f} under bf16 autocast "
+          f"(transformers {transformers.__version__}, torch {torch.__version__})")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    if sys.argv[1:] == ["--bf16"]:
+        reference_bf16()
+        sys.exit(0)
     for kind in sys.argv[1:] or ("llama", "mistral", "qwen2", "qwen3"):
         reference(kind)

@@ -84,6 +84,8 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu, or cuda when padfree ran on a GPU")
     parser.add_argument("--attn", default="sdpa",
                         help="sdpa (float32, as padfree), or flash_attention_2 (bfloat16: flash-attn has no float32)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="TrainingArguments(bf16=True): autocast to bfloat16 over f32 master weights, as padfree --bf16")
     args = parser.parse_args()
     on_gpu = args.device != "cpu"
 
@@ -120,6 +122,7 @@ def main():
             lr_scheduler_type="linear", warmup_steps=0, logging_steps=1, save_strategy="no",
             report_to=[], seed=settings["seed"], use_cpu=not on_gpu, dataloader_num_workers=0,
             remove_unused_columns=False, optim="adamw_torch", disable_tqdm=True,
+            bf16=args.bf16,
         )
         collator = pad_collator if args.mode == "padded" else DataCollatorWithFlattening(return_tensors="pt")
         clock = StepClock()
@@ -140,7 +143,7 @@ def main():
         peak = torch.cuda.max_memory_allocated()
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    suffix = "" if args.attn == "sdpa" else f"-{args.attn}"
+    suffix = ("" if args.attn == "sdpa" else f"-{args.attn}") + ("-bf16" if args.bf16 else "")
     result = {
         "mode": f"hf-{args.mode}{suffix}",
         "timed_steps": len(timed),
@@ -154,7 +157,7 @@ def main():
         "padding_fraction": 1.0 - real / fed,
         "peak_memory_bytes": peak,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-        "dtype": str(dtype),
+        "dtype": str(dtype) + (" with bf16 autocast" if args.bf16 else ""),
         "final_loss": losses[-1],
         "step_losses": losses,
         "versions": versions(),

@@ -118,7 +118,16 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
 
 #[test]
 fn conflicting_or_invalid_flags_are_refused() {
-    let cases: [(&[&str], &str); 14] = [
+    let cases: [(&[&str], &str); 17] = [
+        (&["train", "--fp16"], "HINT: use --bf16"),
+        (
+            &["train", "--bf16", "--use-peft"],
+            "--bf16 with LoRA or QLoRA is not built yet",
+        ),
+        (
+            &["bench", "--bf16", "--use-peft"],
+            "--bf16 with LoRA or QLoRA is not built yet",
+        ),
         (
             &["train", "--max-seq-len", "1"],
             "--max-seq-len 1: an example needs at least 2 tokens",
@@ -769,4 +778,52 @@ fn a_tokenizer_that_is_not_the_models_own_is_warned_about() {
         "{err}"
     );
     assert!(!run(&model.join("tokenizer.json"), "own").contains("warning"));
+}
+
+/// `--bf16` through the binary: the log says what computes the products and
+/// what is saved in f32, the run trains, the saved model is f32, and
+/// `padfree check --bf16` passes on the same model and data.
+#[test]
+fn bf16_trains_says_so_and_checks() {
+    let dir_guard = scratch("bf16");
+    let dir = dir_guard.path();
+    let (config, data) = tiny_model_and_data(dir, 24);
+    let (config, data) = (config.as_str(), data.display().to_string());
+    let out = dir.join("out").display().to_string();
+    let output = padfree(&[
+        "train",
+        "--config",
+        config,
+        "--data",
+        &data,
+        "--bf16",
+        "--max-steps",
+        "3",
+        "--logging-steps",
+        "1",
+        "--save-strategy",
+        "no",
+        "--output-dir",
+        &out,
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("precision: bf16 matmul operands, f32 accumulation (")
+            && stdout.contains("checkpoints and the final model in f32"),
+        "{stdout}"
+    );
+    let header = std::fs::read(dir.join("out/model.safetensors")).expect("final model");
+    let tensors = safetensors::SafeTensors::deserialize(&header).expect("safetensors");
+    assert!(
+        tensors
+            .tensors()
+            .iter()
+            .all(|(_, t)| t.dtype() == safetensors::Dtype::F32),
+        "the final model is f32"
+    );
+    let output = padfree(&["check", "--config", config, "--data", &data, "--bf16"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("precision: bf16 matmuls ("), "{stdout}");
 }

@@ -11,6 +11,14 @@ pub enum ModelError {
         "{0}\nHINT: padfree's fused kernels take f32 tensors on the CPU (`tensor::cpu_device`) or on a GPU opened by `device::open_device`"
     )]
     UnsupportedTensor(String),
+    /// A precision this model or device cannot compute in (yet).
+    #[error("{message}\nHINT: {hint}")]
+    Precision {
+        /// What is refused.
+        message: String,
+        /// What to do.
+        hint: &'static str,
+    },
     /// A file could not be read or written. (The reason is in the message,
     /// not chained as a source: `anyhow`'s `{:#}` would print it twice.)
     #[error("{path}: {err}")]

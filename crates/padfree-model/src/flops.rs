@@ -82,6 +82,33 @@ pub fn calibrate_matmul_gflops(n: usize, repeats: usize) -> f64 {
     2.0 * (n as f64).powi(3) / best.max(1e-12) / 1e9
 }
 
+/// GFLOP/s of an `n x n` by `n x n` product with bf16 operands and f32
+/// accumulation through `--bf16`'s kernel (`kernels/gemm_bf16.rs`: the
+/// AVX512-BF16 body where the CPU has it), best of `repeats` after one
+/// warm-up, on the calling thread pool: the peak `--bf16` runs' MFU is
+/// also measured against.
+pub fn calibrate_bf16_matmul_gflops(n: usize, repeats: usize) -> f64 {
+    use crate::kernels::gemm_bf16::{View16, product};
+    let values = |seed: usize| -> Vec<f32> {
+        (0..n * n)
+            .map(|i| ((i * 7 + seed * 13) % 17) as f32 / 17.0 - 0.5)
+            .collect()
+    };
+    let a = crate::kernels::bf16::round_slice(&values(1));
+    let b = crate::kernels::bf16::round_slice(&values(2));
+    let mut best = f64::INFINITY;
+    for round in 0..=repeats {
+        let started = Instant::now();
+        let out = product(View16::bf16(&a, n, n), View16::bf16(&b, n, n));
+        let seconds = started.elapsed().as_secs_f64();
+        std::hint::black_box(out);
+        if round > 0 {
+            best = best.min(seconds);
+        }
+    }
+    2.0 * (n as f64).powi(3) / best.max(1e-12) / 1e9
+}
+
 /// The vector units and clock this process runs on, where the OS says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CpuPeak {

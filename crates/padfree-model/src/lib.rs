@@ -25,6 +25,8 @@
 //! - [`tensor`]: the thin wrapper over burn's tensor API.
 //! - [`check`]: the packing check of `padfree check` (padding-free vs padded
 //!   vs one at a time on real batches, a perturbation, a per-layer trace).
+//! - `precision.rs`: [`Precision`] (`--bf16`) and the weights' bf16 copies,
+//!   made once per optimizer step.
 //! - [`memory`]: what a training step holds (weights, training state,
 //!   activations), estimated before loading.
 //! - [`flops`]: model FLOPs of a training step and the machine's peak (MFU).
@@ -49,6 +51,7 @@ pub mod lora;
 mod loss;
 pub mod memory;
 mod model;
+mod precision;
 pub mod tensor;
 pub mod weights;
 
@@ -61,6 +64,7 @@ pub use lora::peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir};
 pub use lora::{LoraConfig, LoraTarget};
 pub use loss::{HEAD_CHUNK_BYTES, LabelRows, LossSum, causal_lm_loss};
 pub use model::LlamaModel;
+pub use precision::Precision;
 pub use weights::gguf;
 pub use weights::gguf::tokenizer_from_gguf;
 pub use weights::safetensors::{write_atomically, write_f32_file};

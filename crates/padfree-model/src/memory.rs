@@ -16,8 +16,10 @@
 //! (`model/checkpointing.rs`) the step keeps each layer's input (`C` per
 //! token and layer, `L + 1` of them), one layer's activations and the
 //! upstream gradient at a time, and the head's logits of one chunk of
-//! labelled rows. Figures measured against it are in
-//! docs/benchmarks/2026-12-01-lora.md.
+//! labelled rows. Under `--bf16` SwiGLU keeps gate and up as bf16 and
+//! `down_proj` its input, so the MLP's `3I` count as `3I/2`; the weights'
+//! bf16 copies are counted with the weights. Figures measured against it
+//! are in docs/benchmarks/2026-12-01-lora.md.
 //!
 //! # Shapes
 //! `C` hidden size, `H`/`Hkv` query/key-value heads of `D`, `I` MLP width,
@@ -25,6 +27,7 @@
 
 use crate::config::LlamaConfig;
 use crate::lora::LoraConfig;
+use crate::precision::Precision;
 
 /// Bytes a training step needs, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,21 +47,32 @@ impl MemoryEstimate {
     }
 }
 
-/// f32 values kept per token and decoder layer (see the module docs).
-pub fn activation_floats_per_token_layer(config: &LlamaConfig, lora: Option<&LoraConfig>) -> u64 {
+/// f32 values (or their bytes' worth) kept per token and decoder layer
+/// (see the module docs); under `--bf16` SwiGLU keeps gate and up, and
+/// `down_proj` its input, as bf16: `3I/2` instead of `3I`.
+pub fn activation_floats_per_token_layer(
+    config: &LlamaConfig,
+    lora: Option<&LoraConfig>,
+    precision: Precision,
+) -> u64 {
     let c = config.hidden_size as u64;
     let q = (config.num_attention_heads * config.head_dim) as u64;
     let kv = (config.num_key_value_heads * config.head_dim) as u64;
     let i = config.intermediate_size as u64;
     let adapters = lora.map_or(0, |lora| 2 * lora.r as u64 * lora.targets.len() as u64);
-    3 * c + 2 * (q + kv) + (q + 2 * kv) + 2 * q + 3 * i + adapters
+    let mlp = match precision {
+        Precision::F32 => 3 * i,
+        Precision::Bf16 => (3 * i).div_ceil(2),
+    };
+    3 * c + 2 * (q + kv) + (q + 2 * kv) + 2 * q + mlp + adapters
 }
 
 /// The estimate for training `config` on micro-batches of at most `tokens`
 /// tokens (pads included) of which at most `label_tokens` carry a label.
 /// `weight_bytes`: the weights as they will be held (4 bytes a value, or
 /// the GGUF blocks of a quantized base). `checkpointing`: per-layer
-/// gradient checkpointing.
+/// gradient checkpointing. `precision`: what the matmuls compute in (the
+/// weights' bf16 copies are part of `weight_bytes`).
 pub fn training_memory(
     config: &LlamaConfig,
     weight_bytes: u64,
@@ -66,12 +80,13 @@ pub fn training_memory(
     tokens: usize,
     label_tokens: usize,
     checkpointing: bool,
+    precision: Precision,
 ) -> MemoryEstimate {
     let trained = match lora {
         Some(lora) => lora.num_parameters(config),
         None => config.num_parameters(),
     } as u64;
-    let per_token = activation_floats_per_token_layer(config, lora);
+    let per_token = activation_floats_per_token_layer(config, lora, precision);
     let layers = config.num_hidden_layers as u64;
     let (vocab, hidden, tokens) = (
         config.vocab_size as u64,
@@ -113,6 +128,7 @@ mod tests {
             2048,
             1024,
             false,
+            Precision::F32,
         );
         let lora = LoraConfig {
             targets: LoraTarget::ALL.to_vec(),
@@ -125,12 +141,22 @@ mod tests {
             2048,
             1024,
             false,
+            Precision::F32,
         );
         assert_eq!(full.training_state, 16 * config.num_parameters() as u64);
         assert!(adapted.training_state * 20 < full.training_state);
         // The adapters' products are a few percent of a layer's activations.
         assert!(adapted.activations > full.activations);
         assert!(adapted.activations < full.activations + full.activations / 10);
+    }
+
+    /// bf16 keeps the MLP's three `[T, I]` activations in half the bytes.
+    #[test]
+    fn bf16_halves_the_mlp_activations() {
+        let config = LlamaConfig::medium();
+        let count = |p| activation_floats_per_token_layer(&config, None, p);
+        let i = config.intermediate_size as u64;
+        assert_eq!(count(Precision::F32) - count(Precision::Bf16), 3 * i / 2);
     }
 
     #[test]
@@ -141,7 +167,7 @@ mod tests {
                 num_hidden_layers: layers,
                 ..config.clone()
             };
-            training_memory(&config, 0, None, 2048, 1024, checkpointing).activations
+            training_memory(&config, 0, None, 2048, 1024, checkpointing, Precision::F32).activations
         };
         let (kept, recomputed) = (estimate(24, false), estimate(24, true));
         assert!(recomputed * 4 < kept, "{recomputed} vs {kept}");

@@ -9,12 +9,13 @@ use padfree_pack::{BatchMeta, PaddedBatch, SplitMix64};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::input::ModelInput;
-use crate::kernels::{AttentionRows, CausalMasks, fused_linear};
+use crate::kernels::{AttentionRows, CausalMasks, bf16_linear, fused_linear};
 use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
 use crate::lora::{Lora, LoraConfig, LoraTarget, merged_weight, peft};
 use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum};
+use crate::precision::{Bf16Weights, Precision};
 use crate::tensor::{
     Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, frozen, int_tensor, linear,
     trainable,
@@ -47,6 +48,9 @@ pub struct LlamaModel {
     /// GGUF blocks (QLoRA's base), whose `params` entry is then a `[1, 1]`
     /// placeholder.
     quantized: Vec<Option<QuantMatrix>>,
+    /// `--bf16`: the bf16 copies of the matmuls' weights (`precision.rs`);
+    /// `None` in f32.
+    bf16: Option<Bf16Weights>,
 }
 
 /// A parameter's values as loaded.
@@ -170,17 +174,26 @@ impl LlamaModel {
         }
     }
 
-    /// Bytes of the weights as held: f32 values, and GGUF blocks for the
-    /// quantized projections.
+    /// Bytes of the weights as held: f32 values, GGUF blocks for the
+    /// quantized projections, and under `--bf16` the weights' bf16 copies.
     pub fn weight_bytes(&self) -> usize {
-        self.params
+        let copies = self.bf16.as_ref().map_or(0, |b| {
+            b.copies
+                .iter()
+                .flatten()
+                .map(|c| 2 * c.len())
+                .sum::<usize>()
+        });
+        let held: usize = self
+            .params
             .iter()
             .enumerate()
             .map(|(index, param)| match self.quantized.get(index) {
                 Some(Some(quantized)) => quantized.bytes(),
                 _ => 4 * param.numel(),
             })
-            .sum()
+            .sum();
+        held + copies
     }
 
     /// True when some weights are kept in GGUF blocks.
@@ -236,6 +249,7 @@ impl LlamaModel {
             attention_kernel: AttentionKernel::default(),
             lora: None,
             quantized,
+            bf16: None,
         })
     }
 
@@ -267,6 +281,7 @@ impl LlamaModel {
                 base: lora.base.clone(),
             }),
             quantized: self.quantized.clone(),
+            bf16: self.bf16.clone(),
         }
     }
 
@@ -369,6 +384,79 @@ impl LlamaModel {
         self
     }
 
+    /// The same model computing its matmuls in `precision`. bf16 makes the
+    /// weights' bf16 copies at once; it runs on the CPU, without LoRA
+    /// adapters or GGUF blocks, in this build.
+    pub fn with_precision(mut self, precision: Precision) -> Result<Self, ModelError> {
+        if precision == Precision::F32 {
+            self.bf16 = None;
+            return Ok(self);
+        }
+        let refuse = |message: &str, hint: &'static str| {
+            Err(ModelError::Precision {
+                message: message.to_owned(),
+                hint,
+            })
+        };
+        if !self.on_cpu() {
+            return refuse(
+                "--bf16 runs on the CPU only in this build (the GPU's bf16 matmuls and attention are not built yet)",
+                "drop --device to train in bf16 on the CPU, or drop --bf16 to train in f32 on the GPU",
+            );
+        }
+        if self.lora.is_some() || self.is_quantized() {
+            return refuse(
+                "--bf16 with LoRA or QLoRA is not built yet (the LoRA op and the quantized product have no bf16 bodies)",
+                "drop --bf16 to train the adapters in f32, or drop --use-peft to fine-tune every weight in bf16",
+            );
+        }
+        self.bf16 = Some(Bf16Weights::default());
+        self.refresh_bf16_weights();
+        Ok(self)
+    }
+
+    /// What the matmuls compute in.
+    pub fn precision(&self) -> Precision {
+        if self.bf16.is_some() {
+            Precision::Bf16
+        } else {
+            Precision::F32
+        }
+    }
+
+    /// Makes the bf16 copies of the matmuls' weights again from the f32
+    /// master weights: after every optimizer step (the trainer calls it),
+    /// never in between. Nothing to do in f32.
+    pub fn refresh_bf16_weights(&mut self) {
+        let head = self.head_index();
+        let per_layer = self.layer_tensors.len();
+        let first_layer = index::layer_start(0, per_layer);
+        let layers_end = index::layer_start(self.config.num_hidden_layers, per_layer);
+        let params: Vec<&Tensor<2>> = self.params.iter().map(|p| &p.value).collect();
+        let Some(bf16) = &mut self.bf16 else {
+            return;
+        };
+        // The layers' projection matrices (not their `[1, C]` norms and
+        // biases) and the head; the embedding only when it is the head.
+        bf16.refresh(&params, |index| {
+            let rows = params[index].dims()[0];
+            index == head || ((first_layer..layers_end).contains(&index) && rows > 1)
+        });
+    }
+
+    /// The bf16 copy of parameter `index` (HF order), widened to f32, when
+    /// it has one: for tests and checks that it is the rounded weight.
+    pub fn bf16_copy_values(&self, index: usize) -> Option<Vec<f32>> {
+        let copy = self.bf16.as_ref()?.get(index)?;
+        Some(copy.iter().map(|v| v.to_f32()).collect())
+    }
+
+    /// How many times the bf16 copies were made (0 in f32): once when bf16
+    /// is switched on, then once per optimizer step.
+    pub fn bf16_refreshes(&self) -> u64 {
+        self.bf16.as_ref().map_or(0, |b| b.refreshes)
+    }
+
     /// How attention is computed.
     pub fn attention_kernel(&self) -> AttentionKernel {
         self.attention_kernel
@@ -432,9 +520,15 @@ impl LlamaModel {
                 })?;
         let lora = self.lora.as_ref();
         let quantized = self.quantized.get(start..start + per_layer).unwrap_or(&[]);
+        let copies = self
+            .bf16
+            .as_ref()
+            .and_then(|b| b.copies.get(start..start + per_layer))
+            .unwrap_or(&[]);
         Ok(DecoderLayer::new(
             block,
             quantized,
+            copies,
             &self.layer_tensors,
             &self.config,
             |target| lora.and_then(|lora| lora.adapter(layer, target)),
@@ -444,6 +538,9 @@ impl LlamaModel {
     /// Logits of every row of the batch, `[N, V]` with `N = T` (flattened) or
     /// `B * L` (padded, row-major).
     pub fn forward(&self, input: &ModelInput<'_>) -> Result<Tensor<2>, ModelError> {
+        if self.bf16.is_some() {
+            return self.head_product(self.hidden_states(input)?);
+        }
         Ok(linear(self.hidden_states(input)?, &self.head().value))
     }
 
@@ -462,18 +559,30 @@ impl LlamaModel {
             return Ok(LossSum::empty(hidden));
         }
         let kept = hidden.select(0, labels.rows_tensor(&self.device));
-        fused_cross_entropy_sum(fused_linear(kept, self.head().value.clone())?, &labels)
+        fused_cross_entropy_sum(self.head_product(kept)?, &labels)
     }
 
     /// The LM head: its own matrix, or the embedding when tied.
     fn head(&self) -> &Param {
+        &self.params[self.head_index()]
+    }
+
+    fn head_index(&self) -> usize {
         let layers = self.config.num_hidden_layers;
-        let index = if self.config.tie_word_embeddings {
+        if self.config.tie_word_embeddings {
             index::EMBEDDING
         } else {
             index::lm_head(layers, self.layer_tensors.len())
-        };
-        &self.params[index]
+        }
+    }
+
+    /// `x W^T` of the LM head, `[N, C] -> [N, V]`, in the model's precision.
+    pub(crate) fn head_product(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
+        let head = self.head();
+        match self.bf16.as_ref().and_then(|b| b.get(self.head_index())) {
+            Some(copy) => Ok(bf16_linear(x, head.value.clone(), copy.clone())?),
+            None => Ok(fused_linear(x, head.value.clone())?),
+        }
     }
 
     /// The final-norm output of every row, `[N, C]`.

@@ -13,7 +13,9 @@
 
 mod common;
 
-use common::{assert_close, examples, host, loss_and_grads, param_grads, trainable_model};
+use common::{
+    assert_close, examples, host, loss_and_grads, param_grads, real_rows, trainable_model,
+};
 use padfree_model::tensor::cpu_device;
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput};
 use padfree_pack::{Example, flatten, pad};
@@ -22,21 +24,6 @@ const LOGITS_ATOL: f32 = 1e-5;
 const LOSS_RTOL: f32 = 1e-5;
 const GRAD_RTOL: f32 = 1e-4;
 const GRAD_ATOL: f32 = 1e-7;
-
-/// Logits of the real tokens of a padded batch, in flattened order.
-fn real_rows(
-    padded_logits: &[f32],
-    examples: &[Example],
-    seq_len: usize,
-    vocab: usize,
-) -> Vec<f32> {
-    let mut rows = Vec::new();
-    for (row, example) in examples.iter().enumerate() {
-        let start = row * seq_len * vocab;
-        rows.extend_from_slice(&padded_logits[start..start + example.len() * vocab]);
-    }
-    rows
-}
 
 fn check_logits_agree(lengths: &[usize]) {
     let config = LlamaConfig::tiny();

@@ -36,10 +36,16 @@ impl BestModel {
     /// `run_dir`: a name is looked up there; a whole path (a best model
     /// left in another directory by a resume into a new one) is taken as
     /// it is while it holds a checkpoint, else by its name in `run_dir`
-    /// (a moved run, or a state of before 2026-12).
-    pub fn checkpoint_in(&self, run_dir: &Path) -> Option<PathBuf> {
+    /// (a moved run, or a state of before 2026-12). `is_checkpoint` is
+    /// `checkpoint::is_checkpoint`, handed in so that this room imports no
+    /// other (the checkpointer's state names the best model).
+    pub fn checkpoint_in(
+        &self,
+        run_dir: &Path,
+        is_checkpoint: impl Fn(&Path) -> bool,
+    ) -> Option<PathBuf> {
         let path = self.checkpoint.as_deref()?;
-        if path.is_absolute() && crate::checkpoint::is_checkpoint(path) {
+        if path.is_absolute() && is_checkpoint(path) {
             return Some(path.to_owned());
         }
         Some(run_dir.join(path.file_name()?))

@@ -249,6 +249,11 @@ pub struct TrainConfig {
     /// the adapters train. Part of the settings a resume must repeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<padfree_model::LoraConfig>,
+    /// What the matmuls compute in (`--bf16`); master weights, gradients
+    /// and optimizer state are f32 either way. Saved checkpoints without
+    /// it were f32 runs.
+    #[serde(default)]
+    pub precision: padfree_model::Precision,
 }
 
 impl Default for TrainConfig {
@@ -277,6 +282,7 @@ impl Default for TrainConfig {
             save_strategy: SaveStrategy::Steps(500),
             save_total_limit: None,
             lora: None,
+            precision: padfree_model::Precision::F32,
         }
     }
 }

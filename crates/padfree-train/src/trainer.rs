@@ -232,6 +232,8 @@ impl Trainer {
             config.adam_epsilon,
             config.weight_decay,
         );
+        // bf16 copies of the weights from here on, remade after every update.
+        let model = model.with_precision(config.precision)?;
         if config.zero_stage == 1 && comm.world_size() > 1 {
             if !model.on_cpu() {
                 return Err(TrainError::Config {
@@ -1064,6 +1066,7 @@ impl Trainer {
                     exchange_seconds += gathering.elapsed().as_secs_f64();
                 }
                 self.load_optimizer_values(&shapes);
+                self.model.refresh_bf16_weights();
             }
             GradSums::Device(grads) => {
                 let grads: Vec<_> = grads.into_iter().flatten().collect();
@@ -1086,6 +1089,7 @@ impl Trainer {
                     }
                     param.value = trainable(value);
                 }
+                self.model.refresh_bf16_weights();
             }
         }
         self.global_step = step;
@@ -1444,7 +1448,7 @@ impl Trainer {
         self.best_model_dir = state
             .best_model
             .as_ref()
-            .and_then(|best| best.checkpoint_in(run_dir));
+            .and_then(|best| best.checkpoint_in(run_dir, checkpoint::is_checkpoint));
         self.best_model = state.best_model.map(|mut best| {
             // Resumed into another output directory, the best stays where it
             // is: the state then names it by its whole path.

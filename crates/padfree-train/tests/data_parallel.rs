@@ -18,7 +18,7 @@ use padfree_train::{
 };
 
 mod common;
-use common::{examples, scratch_dir};
+use common::{StopAfter, examples, scratch_dir};
 
 fn config(world_size: usize, accumulation: usize, steps: usize) -> TrainConfig {
     TrainConfig {
@@ -305,15 +305,6 @@ fn resume_on_two_ranks_continues_exactly() {
         ..config(2, 1, 4)
     };
     // Stop both ranks after step 2, as Ctrl-C does: a checkpoint is written.
-    struct StopAfter(usize, usize);
-    impl Observer for StopAfter {
-        fn on_step(&mut self, metrics: &StepMetrics, _total: usize) {
-            self.1 = metrics.step;
-        }
-        fn stop_requested(&self) -> bool {
-            self.1 >= self.0
-        }
-    }
     let stopped = std::thread::scope(|scope| {
         let threads: Vec<_> = LocalGroup::new(2)
             .into_iter()

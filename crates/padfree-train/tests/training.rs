@@ -15,24 +15,10 @@ use padfree_train::{
 };
 
 mod common;
-use common::{examples, scratch_dir};
+use common::{StopAfter, config, examples, scratch_dir};
 
 fn model(seed: u64) -> LlamaModel {
     LlamaModel::init(&LlamaConfig::tiny(), seed, &cpu_device(true)).expect("tiny model")
-}
-
-fn config(attention: AttentionMode, steps: usize) -> TrainConfig {
-    TrainConfig {
-        attention,
-        batching: Batching::Examples(4),
-        learning_rate: 3e-3,
-        warmup: Warmup::Steps(2),
-        max_steps: Some(steps),
-        logging_steps: 5,
-        save_strategy: SaveStrategy::No,
-        seed: 7,
-        ..TrainConfig::default()
-    }
 }
 
 fn trainer(config: TrainConfig, dir: &Path) -> Trainer {
@@ -160,16 +146,6 @@ fn accumulation_is_normalised_by_the_window_label_tokens() {
 }
 
 /// Asks to stop once `after` steps are done, as Ctrl-C does.
-struct StopAfter(usize, usize);
-
-impl Observer for StopAfter {
-    fn on_step(&mut self, metrics: &padfree_train::StepMetrics, _total: usize) {
-        self.1 = metrics.step;
-    }
-    fn stop_requested(&self) -> bool {
-        self.1 >= self.0
-    }
-}
 
 #[test]
 fn resume_after_an_interruption_is_bit_exact() {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use clap::ValueEnum;
 use padfree_data::{FieldNames, Overlong};
+use padfree_model::Precision;
 use padfree_model::device::DeviceChoice;
 
 use super::LoraArgs;
@@ -156,6 +157,15 @@ pub struct TrainArgs {
     /// stops growing with depth, for about a third more compute.
     #[arg(long)]
     pub gradient_checkpointing: bool,
+    /// Mixed precision as HF's `bf16=True`: matmul operands rounded to bf16,
+    /// products accumulated in f32; master weights, gradients, AdamW state
+    /// and the saved model stay f32. Fast on CPUs with AVX512-BF16
+    /// (docs/training.md, "bf16").
+    #[arg(long)]
+    pub bf16: bool,
+    /// Refused (f16 needs loss scaling, which padfree has not built): use --bf16.
+    #[arg(long, hide = true)]
+    pub fp16: bool,
     #[command(flatten)]
     pub lora: LoraArgs,
     /// Also write the model with the adapters merged into its weights (HF
@@ -461,6 +471,17 @@ impl TrainArgs {
             (None, None) => Warmup::Steps(demo_usize(10, 0)),
         };
         let lora = self.lora.validate()?;
+        // Refused before anything is written (the model refuses them too).
+        if self.bf16 && lora.is_some() {
+            bail!(
+                "--bf16 with LoRA or QLoRA is not built yet (the LoRA op and the quantized product have no bf16 bodies)\nHINT: drop --bf16 to train the adapters in f32, or drop --use-peft to fine-tune every weight in bf16"
+            );
+        }
+        if self.bf16 && self.device.is_gpu() {
+            bail!(
+                "--bf16 runs on the CPU only in this build (the GPU's bf16 matmuls and attention are not built yet)\nHINT: drop --device to train in bf16 on the CPU, or drop --bf16 to train in f32 on the GPU"
+            );
+        }
         let train = TrainConfig {
             attention,
             batching,
@@ -500,6 +521,11 @@ impl TrainArgs {
             },
             save_total_limit: self.save_total_limit,
             lora,
+            precision: if self.bf16 {
+                Precision::Bf16
+            } else {
+                Precision::F32
+            },
         };
         train.validate()?;
         let eval_strategy = match (self.eval_strategy, &self.eval_data, embedded_default) {
@@ -521,6 +547,11 @@ impl TrainArgs {
         if eval_strategy.is_some() && self.eval_data.is_none() && !embedded_default {
             bail!(
                 "--eval-strategy needs held-out data\nHINT: give --eval-data FILE (the same format as --data)"
+            );
+        }
+        if self.fp16 {
+            bail!(
+                "--fp16 is not built: f16 training needs loss scaling, which padfree does not have\nHINT: use --bf16 (the same exponent range as f32, no loss scaling)"
             );
         }
         if self.ddp_overlap && !self.gradient_checkpointing {

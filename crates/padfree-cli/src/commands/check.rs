@@ -21,6 +21,13 @@ pub fn run(job: &CheckJob) -> anyhow::Result<()> {
     let Loaded { model, dataset, .. } = load(&job.train)?;
     let lengths: Vec<usize> = dataset.examples.iter().map(Example::len).collect();
     let config = job.train.train_config(&lengths);
+    let model = model.with_precision(config.precision)?;
+    if config.precision == padfree_model::Precision::Bf16 {
+        println!(
+            "precision: bf16 matmuls ({}), f32 accumulation",
+            padfree_model::Precision::cpu_matmul_body()
+        );
+    }
     let outcome = verify_packing(&model, &dataset, &config, 0, job.batches, job.fault)?;
     if !outcome.isolation_tested {
         bail!(

@@ -211,6 +211,17 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             job.gradient_checkpointing,
         )?;
     }
+    if config.precision == padfree_model::Precision::Bf16 {
+        say!(
+            "precision: bf16 matmul operands, f32 accumulation ({}); master weights, gradients, AdamW state, checkpoints and the final model in f32",
+            padfree_model::Precision::cpu_matmul_body()
+        );
+        if !padfree_model::Precision::cpu_has_bf16_instructions() {
+            say!(
+                "NOTE: this CPU has no AVX512-BF16: --bf16 rounds as bf16 does but multiplies in f32, so it runs no faster than f32"
+            );
+        }
+    }
     print_packing(&trainer, &config);
     say!(
         "training: {} optimizer steps ({} from step {}), attention {}{}, output {}",
@@ -317,6 +328,7 @@ fn check_step_memory(
         tokens,
         label_tokens,
         checkpointing,
+        config.precision,
     );
     let gib = |bytes: u64| bytes as f64 / 1073741824.0;
     say!(

@@ -13,8 +13,9 @@
 //!
 //! The oracle beside it is the plain triple loop (`naive`, tests only).
 //!
-//! The only module of the workspace that allows `unsafe`: gemm's API is
-//! raw pointers and strides. Every call checks its views' bounds first.
+//! One of the two modules of the workspace that allow `unsafe` (with
+//! `gemm_bf16.rs`): gemm's API is raw pointers and strides. Every call
+//! checks its views' bounds first.
 //!
 //! # Shapes
 //! `[M, K] x [K, N] -> [M, N]`.

@@ -9,8 +9,14 @@
 //! # Shapes
 //! `N` rows, `C` input width, `O` output width.
 
+use std::sync::Arc;
+
+use half::bf16;
+
 use super::attention::is_cpu;
+use super::bf16::{load, round_in_place, store};
 use super::gemm::{View, product};
+use super::gemm_bf16::{self, View16};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use crate::tensor::{Tensor, linear};
 
@@ -29,8 +35,144 @@ pub fn composed_linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     linear(x, &w)
 }
 
+/// `x W^T` with bf16 operands and f32 accumulation (`--bf16`), as
+/// autocast computes a linear layer: `x` and `dy` rounded to bf16 as the
+/// products read them, `W` taken from `weight16`, its bf16 copy (made once
+/// per optimizer step by the model); the output rounded to bf16 (kept as
+/// f32), both gradients f32. `w` is still an input: its gradient goes to
+/// the f32 master weight. The op keeps `x` as it is (shared with the other
+/// layers that read it). `[N, C]`, `[O, C]` -> `[N, O]`.
+///
+/// # Panics
+/// When `weight16` does not hold `O * C` values (a bug in the caller).
+pub fn bf16_linear(
+    x: Tensor<2>,
+    w: Tensor<2>,
+    weight16: Arc<[bf16]>,
+) -> Result<Tensor<2>, UnsupportedTensor> {
+    bf16_op::<false>(x, w, weight16)
+}
+
+/// [`bf16_linear`] keeping `x` for the backward pass as bf16 (half its
+/// memory), for an input no other op keeps (the MLP's `down_proj` after
+/// SwiGLU). Exact when `x` holds bf16 values already, as SwiGLU's rounded
+/// output does; otherwise the gradient of `W` sees `x` rounded, as the
+/// forward product did.
+pub fn bf16_linear_storing_input(
+    x: Tensor<2>,
+    w: Tensor<2>,
+    weight16: Arc<[bf16]>,
+) -> Result<Tensor<2>, UnsupportedTensor> {
+    bf16_op::<true>(x, w, weight16)
+}
+
+fn bf16_op<const STORES_INPUT: bool>(
+    x: Tensor<2>,
+    w: Tensor<2>,
+    weight16: Arc<[bf16]>,
+) -> Result<Tensor<2>, UnsupportedTensor> {
+    let [o, c] = w.dims();
+    assert_eq!(
+        weight16.len(),
+        o * c,
+        "bf16 linear: weight copy of another shape"
+    );
+    if !is_cpu(&x.device()) {
+        return Err(UnsupportedTensor(
+            "bf16 matmuls run on the CPU only in this build".into(),
+        ));
+    }
+    apply::<_, 2, 2, 2>(Bf16Linear::<STORES_INPUT> { weight16 }, [x, w])
+}
+
+/// The oracle of [`bf16_linear`]: burn's f32 matmul of the bf16-rounded
+/// operands, its output rounded (each rounding in the graph as the
+/// identity's gradient, so the gradients are those of the rounded product;
+/// `dy` is not rounded here, which the tests allow for).
+pub fn composed_bf16_linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    round_tensor(linear(round_tensor(x), &round_tensor(w)))
+}
+
+/// `x` with its values rounded to bf16 (still f32), differentiable as the
+/// identity (the straight-through gradient of rounding).
+fn round_tensor(x: Tensor<2>) -> Tensor<2> {
+    let dims = x.dims();
+    let device = x.device();
+    let values = crate::tensor::with_host_values(x.clone(), |v| {
+        v.iter()
+            .map(|&x| super::bf16::rounded(x))
+            .collect::<Vec<f32>>()
+    });
+    let rounded = crate::tensor::float_tensor(values, dims, &device);
+    // x + (rounded - x) with the difference off the graph.
+    x.clone() + (rounded - x.detach())
+}
+
 #[derive(Debug, Clone)]
 struct Linear;
+
+/// The bf16 linear op; `STORES_INPUT`: `x` kept as bf16 in `saved`
+/// rather than as the input tensor.
+#[derive(Debug, Clone)]
+struct Bf16Linear<const STORES_INPUT: bool> {
+    /// `[O, C]`, the weight's bf16 copy.
+    weight16: Arc<[bf16]>,
+}
+
+impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
+    /// Neither gradient reads the output.
+    const KEEPS_OUTPUT: bool = false;
+    /// `W`'s values come from its copy; `x` from `saved` when stored.
+    const KEEPS_INPUTS: bool = !STORES_INPUT;
+
+    fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {
+        let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
+        let mut values = gemm_bf16::product(
+            View16::f32(x.values, n, c),
+            View16::bf16(&self.weight16, o, c).t(),
+        );
+        round_in_place(&mut values);
+        HostOutput {
+            values,
+            shape: vec![n, o],
+            saved: if STORES_INPUT {
+                store(x.values)
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    fn backward(
+        &self,
+        [x, w]: [HostTensor<'_>; 2],
+        _output: &[f32],
+        saved: &[f32],
+        d_out: &[f32],
+        needed: [bool; 2],
+    ) -> [Vec<f32>; 2] {
+        let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
+        let dy = View16::f32(d_out, n, o);
+        let dx = if needed[0] {
+            gemm_bf16::product(dy, View16::bf16(&self.weight16, o, c))
+        } else {
+            Vec::new()
+        };
+        let dw = if needed[1] {
+            let loaded;
+            let x_values = if STORES_INPUT {
+                loaded = load(saved, n * c);
+                &loaded
+            } else {
+                x.values
+            };
+            gemm_bf16::product(dy.t(), View16::f32(x_values, n, c))
+        } else {
+            Vec::new()
+        };
+        [dx, dw]
+    }
+}
 
 impl HostOp<2> for Linear {
     /// Neither gradient reads the output.
@@ -116,6 +258,64 @@ mod tests {
                 for (what, a, b) in pairs {
                     assert_within(&format!("{what} [{n},{c},{o}]"), &a, &b, 1e-6);
                 }
+            }
+        }
+    }
+
+    /// The bf16 op (keeping `x`, and storing it as bf16) against its
+    /// oracle, burn's f32 matmul of the rounded operands with the output
+    /// rounded, `dy` rounded to bf16 beforehand (as the op rounds it): the
+    /// products are then the same sums of exact f32 products in another
+    /// order, so 2e-6 of the largest value for the gradients; the outputs
+    /// are rounded, so they agree exactly but where the sums straddle a
+    /// rounding boundary (one bf16 step, 2^-8 relative: 1e-2 of the scale).
+    #[test]
+    fn bf16_op_matches_the_f32_product_of_rounded_operands() {
+        use crate::kernels::bf16::{round_slice, rounded};
+        let device = cpu_device(true);
+        for (n, c, o) in [(1, 3, 2), (37, 48, 29), (300, 64, 200)] {
+            let (x0, w0) = (random(n * c, 1), random(o * c, 2));
+            let dy0: Vec<f32> = random(n * o, 3).into_iter().map(rounded).collect();
+            let run = |fused: Option<bool>| {
+                let x = trainable(float_tensor(x0.clone(), [n, c], &device));
+                let w = trainable(float_tensor(w0.clone(), [o, c], &device));
+                let copy: Arc<[bf16]> = round_slice(&w0).into();
+                let y = match fused {
+                    Some(false) => bf16_linear(x.clone(), w.clone(), copy),
+                    Some(true) => bf16_linear_storing_input(x.clone(), w.clone(), copy),
+                    None => Ok(composed_bf16_linear(x.clone(), w.clone())),
+                }
+                .expect("f32 on the CPU");
+                let dy = float_tensor(dy0.clone(), [n, o], &device);
+                let grads = backward(&(y.clone() * dy).sum());
+                let dx = grad(&x, &grads).expect("dx").into_vec();
+                let dw = grad(&w, &grads).expect("dW").into_vec();
+                (y.into_vec(), dx, dw)
+            };
+            let theirs = run(None);
+            let ours = run(Some(false));
+            // Storing `x` as bf16 changes nothing: the products round it anyway.
+            assert_eq!(run(Some(true)), ours, "storing x as bf16");
+            // The outputs are rounded: equal, or one bf16 step apart where
+            // the f32 sums differ in their last bits at a rounding tie.
+            assert_within(&format!("y [{n},{c},{o}]"), &ours.0, &theirs.0, 1e-2);
+            let exact = ours.0.iter().zip(&theirs.0).filter(|(a, b)| a == b).count();
+            assert!(
+                exact * 100 >= 99 * ours.0.len(),
+                "y: {exact} of {} equal",
+                ours.0.len()
+            );
+            assert_within(&format!("dx [{n},{c},{o}]"), &ours.1, &theirs.1, 2e-6);
+            assert_within(&format!("dW [{n},{c},{o}]"), &ours.2, &theirs.2, 2e-6);
+            // And it is not the f32 product: rounding changed the values.
+            let f32_y = fused_linear(
+                float_tensor(x0.clone(), [n, c], &device),
+                float_tensor(w0.clone(), [o, c], &device),
+            )
+            .expect("f32")
+            .into_vec();
+            if c > 3 {
+                assert_ne!(ours.0, f32_y, "bf16 rounding must show");
             }
         }
     }

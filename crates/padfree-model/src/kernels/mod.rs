@@ -17,9 +17,11 @@
 //!
 //! `rope.rs` is the rotary position embedding of queries and keys.
 //!
-//! `linear.rs` is a linear layer's `x W^T` and its two gradients, and
-//! `gemm.rs` the products on host slices it and the other kernels call
-//! (burn-flex's gemm kernels without its zeroed, copied outputs).
+//! `linear.rs` is a linear layer's `x W^T` and its two gradients (f32, or
+//! bf16 operands for `--bf16`), and `gemm.rs` the products on host slices
+//! it and the other kernels call (burn-flex's gemm kernels without its
+//! zeroed, copied outputs); `gemm_bf16.rs` the bf16 products (AVX512-BF16,
+//! or widened to f32 where the CPU lacks it) and `bf16.rs` the rounding.
 //!
 //! `host_op.rs` is the one generic layer that enters a host kernel into
 //! burn's autodiff graph (backend-extension API), for plain autodiff and
@@ -27,9 +29,11 @@
 //! autodiff.
 
 mod attention;
+pub(crate) mod bf16;
 mod cross_entropy;
 pub mod dropout;
 mod gemm;
+pub mod gemm_bf16;
 mod host_op;
 mod linear;
 mod lora_linear;
@@ -45,12 +49,14 @@ pub use attention::{
 };
 pub use cross_entropy::{composed_cross_entropy_sum, cross_entropy_sum};
 pub use host_op::UnsupportedTensor;
-pub use linear::{composed_linear, fused_linear};
+pub use linear::{
+    bf16_linear, bf16_linear_storing_input, composed_bf16_linear, composed_linear, fused_linear,
+};
 pub use lora_linear::{LoraFactors, LoraLayer, composed_lora_linear, lora_linear};
 pub use quant_matmul::{composed_quant_linear, quant_linear};
 pub use rms_norm::{composed_rms_norm, rms_norm};
 pub use rope::{RopeTables, composed_rope, rope};
-pub use swiglu::{composed_swiglu, swiglu};
+pub use swiglu::{bf16_swiglu, composed_swiglu, swiglu};
 
 /// True on burn's Flex device, where the host kernels run.
 pub fn on_cpu(device: &crate::tensor::Device) -> bool {

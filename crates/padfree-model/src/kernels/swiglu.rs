@@ -8,6 +8,7 @@
 use burn::tensor::Tensor;
 
 use super::attention::is_cpu;
+use super::bf16::{load, round_in_place, store};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
 use rayon::prelude::*;
@@ -23,6 +24,20 @@ pub fn swiglu(gate: Tensor<2>, up: Tensor<2>) -> Result<Tensor<2>, UnsupportedTe
         return Ok(composed_swiglu(gate, up));
     }
     apply(SwiGlu, [gate, up])
+}
+
+/// [`swiglu`] under `--bf16`: `gate` and `up` (the rounded outputs of
+/// bf16 linear layers) kept for the backward pass as bf16, half their
+/// memory and exact; the output rounded to bf16 (kept as f32), as
+/// autocast's bf16 `silu` and product give it. A kept op, not recomputed:
+/// what it keeps is smaller than its inputs.
+pub fn bf16_swiglu(gate: Tensor<2>, up: Tensor<2>) -> Result<Tensor<2>, UnsupportedTensor> {
+    if !is_cpu(&gate.device()) {
+        return Err(UnsupportedTensor(
+            "bf16 SwiGLU runs on the CPU only in this build".into(),
+        ));
+    }
+    apply(Bf16SwiGlu, [gate, up])
 }
 
 /// The oracle, and the GPU path: `silu(gate) * up` from burn ops.
@@ -53,6 +68,41 @@ impl HostOp<2> for SwiGlu {
         _needed: [bool; 2],
     ) -> [Vec<f32>; 2] {
         let (d_gate, d_up) = backward(gate.values, up.values, d_out);
+        [d_gate, d_up]
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Bf16SwiGlu;
+
+impl HostOp<2> for Bf16SwiGlu {
+    const KEEPS_OUTPUT: bool = false;
+    /// Both come back from `saved`.
+    const KEEPS_INPUTS: bool = false;
+
+    fn forward(&self, [gate, up]: [HostTensor<'_>; 2]) -> HostOutput {
+        let mut values = forward(gate.values, up.values);
+        round_in_place(&mut values);
+        let mut saved = store(gate.values);
+        saved.extend(store(up.values));
+        HostOutput {
+            values,
+            shape: gate.shape.to_vec(),
+            saved,
+        }
+    }
+
+    fn backward(
+        &self,
+        [gate, _]: [HostTensor<'_>; 2],
+        _output: &[f32],
+        saved: &[f32],
+        d_out: &[f32],
+        _needed: [bool; 2],
+    ) -> [Vec<f32>; 2] {
+        let len: usize = gate.shape.iter().product();
+        let (gate, up) = saved.split_at(len.div_ceil(2));
+        let (d_gate, d_up) = backward(&load(gate, len), &load(up, len), d_out);
         [d_gate, d_up]
     }
 }
@@ -175,5 +225,54 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The bf16 op on bf16 values (what bf16 linear layers hand it): its
+    /// output is the f32 kernel's rounded, its gradients the f32 kernel's
+    /// exactly (the stored inputs come back bit for bit), and it keeps
+    /// half the bytes of its inputs.
+    #[test]
+    fn bf16_op_is_the_f32_kernel_on_stored_values() {
+        use crate::kernels::bf16::rounded;
+        use crate::tensor::{
+            IntoHostVec, backward as run_backward, cpu_device, float_tensor, grad, trainable,
+        };
+        let (rows, cols) = (37, 301);
+        let n = rows * cols;
+        let gate: Vec<f32> = (0..n)
+            .map(|i| rounded(((i * 31 % 17) as f32 - 8.0) * 0.61))
+            .collect();
+        let up: Vec<f32> = (0..n)
+            .map(|i| rounded(((i * 11 % 7) as f32 - 3.0) * 0.43))
+            .collect();
+        let probe: Vec<f32> = (0..n).map(|i| ((i * 5 % 3) as f32 - 1.0) * 0.7).collect();
+        let device = cpu_device(true);
+        let g = trainable(float_tensor(gate.clone(), [rows, cols], &device));
+        let u = trainable(float_tensor(up.clone(), [rows, cols], &device));
+        let out = bf16_swiglu(g.clone(), u.clone()).expect("CPU");
+        let grads =
+            run_backward(&(out.clone() * float_tensor(probe.clone(), [rows, cols], &device)).sum());
+        let want: Vec<f32> = forward(&gate, &up).into_iter().map(rounded).collect();
+        assert_eq!(out.into_vec(), want);
+        let (d_gate, d_up) = backward(&gate, &up, &probe);
+        assert_eq!(grad(&g, &grads).expect("d gate").into_vec(), d_gate);
+        assert_eq!(grad(&u, &grads).expect("d up").into_vec(), d_up);
+        let saved = Bf16SwiGlu
+            .forward([
+                HostTensor {
+                    values: &gate,
+                    shape: &[rows, cols],
+                },
+                HostTensor {
+                    values: &up,
+                    shape: &[rows, cols],
+                },
+            ])
+            .saved;
+        assert_eq!(
+            saved.len(),
+            2 * n.div_ceil(2),
+            "two inputs in half the f32 slots each"
+        );
     }
 }

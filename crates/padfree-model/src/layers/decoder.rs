@@ -1,3 +1,7 @@
+use std::sync::Arc;
+
+use half::bf16;
+
 use super::attention::{Attention, AttentionLayout};
 use super::linear::Linear;
 use super::mlp::Mlp;
@@ -27,6 +31,7 @@ impl<'a> DecoderLayer<'a> {
     pub fn new(
         params: &'a [Param],
         quantized: &'a [Option<QuantMatrix>],
+        bf16_copies: &'a [Option<Arc<[bf16]>>],
         tensors: &[LayerTensor],
         config: &LlamaConfig,
         adapter: impl Fn(LoraTarget) -> Option<Adapter<'a>>,
@@ -48,6 +53,7 @@ impl<'a> DecoderLayer<'a> {
                 quantized.get(at).and_then(Option::as_ref),
                 adapter(target),
             )
+            .with_bf16_copy(bf16_copies.get(at).and_then(Option::as_ref))
         };
         let eps = config.rms_norm_eps;
         Self {

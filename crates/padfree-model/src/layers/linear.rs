@@ -1,6 +1,11 @@
+use std::sync::Arc;
+
+use half::bf16;
+
 use crate::error::ModelError;
 use crate::kernels::{
-    LoraLayer, composed_quant_linear, fused_linear, lora_linear, on_cpu, quant_linear,
+    LoraLayer, bf16_linear, bf16_linear_storing_input, composed_quant_linear, fused_linear,
+    lora_linear, on_cpu, quant_linear,
 };
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
@@ -17,6 +22,9 @@ pub struct Linear<'a> {
     /// placeholder and this is what multiplies.
     pub(crate) quantized: Option<&'a QuantMatrix>,
     pub(crate) adapter: Option<Adapter<'a>>,
+    /// `--bf16`: the weight's bf16 copy (made once per optimizer step);
+    /// the product then has bf16 operands.
+    pub(crate) bf16_copy: Option<&'a Arc<[bf16]>>,
 }
 
 impl<'a> Linear<'a> {
@@ -30,6 +38,29 @@ impl<'a> Linear<'a> {
             weight,
             quantized,
             adapter,
+            bf16_copy: None,
+        }
+    }
+
+    /// The same layer multiplying in bf16 with `copy` when there is one.
+    pub fn with_bf16_copy(mut self, copy: Option<&'a Arc<[bf16]>>) -> Self {
+        self.bf16_copy = copy;
+        self
+    }
+
+    /// Whether the product has bf16 operands (`--bf16`).
+    pub fn is_bf16(&self) -> bool {
+        self.bf16_copy.is_some()
+    }
+
+    /// [`Self::forward`] for an input no other op keeps: under `--bf16`
+    /// the layer keeps it for the backward pass as bf16 (half the memory).
+    pub fn forward_storing_input(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
+        match self.bf16_copy {
+            Some(copy) if self.adapter.is_none() && self.quantized.is_none() => Ok(
+                bf16_linear_storing_input(x, self.weight.value.clone(), copy.clone())?,
+            ),
+            _ => self.forward(x),
         }
     }
 
@@ -51,7 +82,10 @@ impl<'a> Linear<'a> {
             // multiplies the dequantised weight.
             Some(quantized) if on_cpu(&x.device()) => quant_linear(x, quantized)?,
             Some(quantized) => composed_quant_linear(x, quantized),
-            None => fused_linear(x, self.weight.value.clone())?,
+            None => match self.bf16_copy {
+                Some(copy) => bf16_linear(x, self.weight.value.clone(), copy.clone())?,
+                None => fused_linear(x, self.weight.value.clone())?,
+            },
         })
     }
 }

@@ -1,6 +1,6 @@
 use super::linear::Linear;
 use crate::error::ModelError;
-use crate::kernels::swiglu;
+use crate::kernels::{bf16_swiglu, swiglu};
 use crate::tensor::Tensor;
 
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
@@ -20,6 +20,10 @@ impl Mlp<'_> {
     pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
         let gate = self.gate_proj.forward(x.clone())?;
         let up = self.up_proj.forward(x)?;
+        if self.down_proj.is_bf16() {
+            // gate and up kept as bf16 by SwiGLU, its output by down_proj.
+            return self.down_proj.forward_storing_input(bf16_swiglu(gate, up)?);
+        }
         self.down_proj.forward(swiglu(gate, up)?)
     }
 }

@@ -34,7 +34,6 @@
 
 use crate::error::ModelError;
 use crate::input::ModelInput;
-use crate::kernels::fused_linear;
 use crate::loss::{HEAD_CHUNK_BYTES, LabelRows, fused_cross_entropy_sum};
 use crate::tensor::{Gradients, Tensor, backward, grad, trainable};
 use crate::weights::table::index;
@@ -135,7 +134,7 @@ impl LlamaModel {
         for (at, chunk) in chunks.into_iter().enumerate() {
             let kept = leaf.clone().select(0, chunk.rows_tensor(&self.device));
             let normed = self.final_norm().forward(kept)?;
-            let head = fused_linear(normed, self.head().value.clone())?;
+            let head = self.head_product(normed)?;
             let loss = fused_cross_entropy_sum(head, &chunk)?;
             loss_sum += loss.value();
             let gradients = backward(&loss.sum.div_scalar(divisor));

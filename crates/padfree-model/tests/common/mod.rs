@@ -14,6 +14,21 @@ pub fn examples(lengths: &[usize], vocab: u32, seed: u64) -> Vec<Example> {
     synthetic_prompted_examples(lengths, vocab, seed, 3)
 }
 
+/// Logits of the real tokens of a padded batch, in flattened order.
+pub fn real_rows(
+    padded_logits: &[f32],
+    examples: &[Example],
+    seq_len: usize,
+    vocab: usize,
+) -> Vec<f32> {
+    let mut rows = Vec::new();
+    for (row, example) in examples.iter().enumerate() {
+        let start = row * seq_len * vocab;
+        rows.extend_from_slice(&padded_logits[start..start + example.len() * vocab]);
+    }
+    rows
+}
+
 /// The model on an autodiff device.
 pub fn trainable_model(config: &LlamaConfig, seed: u64) -> LlamaModel {
     LlamaModel::init(config, seed, &cpu_device(true)).expect("valid config")

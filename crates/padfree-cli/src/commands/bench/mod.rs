@@ -90,6 +90,9 @@ impl BenchJob {
         if self.gradient_checkpointing {
             args.push("--gradient-checkpointing".into());
         }
+        if self.precision == padfree_model::Precision::Bf16 {
+            args.push("--bf16".into());
+        }
         args
     }
 }
@@ -109,7 +112,10 @@ pub fn run(args: &BenchJob) -> anyhow::Result<()> {
         Some(python) => Some((python.as_path(), peer::export(args, &output_dir)?)),
         None => None,
     };
-    let mut peak = measure_peak(args.threads)?;
+    let mut peak = measure_peak(
+        args.threads,
+        args.precision == padfree_model::Precision::Bf16,
+    )?;
     println!(
         "calibration: a {CALIBRATION_SIZE}x{CALIBRATION_SIZE} f32 matmul through burn's Flex backend runs at {:.1} GFLOP/s on {} threads{}",
         peak.calibrated_gflops,
@@ -121,6 +127,12 @@ pub fn run(args: &BenchJob) -> anyhow::Result<()> {
                 t.gflops, t.what
             ))
     );
+    if let Some(bf16) = peak.calibrated_bf16_gflops {
+        println!(
+            "calibration: the same product with bf16 operands ({}) runs at {bf16:.1} GFLOP/s",
+            padfree_model::Precision::cpu_matmul_body()
+        );
+    }
     let mut runs = Vec::new();
     // A run that fails leaves the others standing: they are reported, the
     // failure beside them, and the command then fails.
@@ -235,6 +247,9 @@ pub struct Peak {
     pub calibrated_after: f64,
     /// Cores x clock x FLOPs per cycle, where the CPU says.
     pub theoretical: Option<TheoreticalPeak>,
+    /// Under `--bf16`: the same calibration through the bf16 kernel (the
+    /// higher of before and after the runs).
+    pub calibrated_bf16_gflops: Option<f64>,
 }
 
 /// The theoretical peak and how it was computed.
@@ -259,12 +274,28 @@ impl Peak {
     fn calibrate_again(&mut self, threads: usize) -> anyhow::Result<()> {
         self.calibrated_after = calibrate(threads)?;
         self.calibrated_gflops = self.calibrated_before.max(self.calibrated_after);
+        if let Some(before) = self.calibrated_bf16_gflops {
+            self.calibrated_bf16_gflops = Some(before.max(calibrate_bf16(threads)?));
+        }
         Ok(())
     }
 }
 
-fn measure_peak(threads: usize) -> anyhow::Result<Peak> {
+fn calibrate_bf16(threads: usize) -> anyhow::Result<f64> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("starting the calibration threads")?;
+    Ok(pool.install(|| padfree_model::flops::calibrate_bf16_matmul_gflops(CALIBRATION_SIZE, 5)))
+}
+
+fn measure_peak(threads: usize, bf16: bool) -> anyhow::Result<Peak> {
     let calibrated_gflops = calibrate(threads)?;
+    let calibrated_bf16_gflops = if bf16 {
+        Some(calibrate_bf16(threads)?)
+    } else {
+        None
+    };
     let theoretical = padfree_model::flops::CpuPeak::detect().map(|cpu| TheoreticalPeak {
         gflops: cpu.gflops(threads),
         what: format!(
@@ -277,6 +308,7 @@ fn measure_peak(threads: usize) -> anyhow::Result<Peak> {
         calibrated_before: calibrated_gflops,
         calibrated_after: calibrated_gflops,
         theoretical,
+        calibrated_bf16_gflops,
     })
 }
 

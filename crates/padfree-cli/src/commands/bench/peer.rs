@@ -131,6 +131,8 @@ pub(super) fn run_mode(
             "--device",
             if args.device.is_gpu() { "cuda" } else { "cpu" },
         ])
+        // HF's Trainer in bf16=True when padfree runs --bf16.
+        .args((args.precision == padfree_model::Precision::Bf16).then_some("--bf16"))
         .env("OMP_NUM_THREADS", args.threads.to_string())
         .output()
         .with_context(|| format!("starting {}", python.display()))?;

@@ -16,6 +16,9 @@ pub(super) fn label(mode: &str) -> String {
     if let Some((one_process, ranks)) = on_ranks(mode) {
         return format!("{}, {ranks} MPI ranks", label(&one_process));
     }
+    if let Some(f32_mode) = mode.strip_suffix("-bf16") {
+        return format!("{}, bf16=True", label(f32_mode));
+    }
     match mode {
         "padded" => "padfree, padded",
         "varlen-per-layer" => "padfree, padding-free, metadata derived in every layer",
@@ -156,12 +159,18 @@ impl Report {
         } else {
             (String::new(), "")
         };
+        let bf16_peak = self.peak.calibrated_bf16_gflops;
+        let (bf16_head, bf16_rule) = if bf16_peak.is_some() {
+            (" MFU vs bf16 calibration |", " ---: |")
+        } else {
+            ("", "")
+        };
         let mut lines = vec![
             format!(
-                "| mode | train runtime | real tokens/s |{range_head} fed tokens/s | padding | samples/s | peak memory | model GFLOP/s | MFU vs calibration | MFU vs theoretical | final loss |"
+                "| mode | train runtime | real tokens/s |{range_head} fed tokens/s | padding | samples/s | peak memory | model GFLOP/s | MFU vs calibration |{bf16_head} MFU vs theoretical | final loss |"
             ),
             format!(
-                "| --- | ---: | ---: |{range_rule} ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+                "| --- | ---: | ---: |{range_rule} ---: | ---: | ---: | ---: | ---: | ---: |{bf16_rule} ---: | ---: |"
             ),
         ];
         for r in &self.results {
@@ -179,8 +188,13 @@ impl Report {
                 (Some(achieved), Some(peak)) => format!("{:.1}%", 100.0 * achieved / peak),
                 _ => "n/a".to_owned(),
             };
+            let bf16_mfu = if bf16_peak.is_some() {
+                format!(" {} |", percent(bf16_peak))
+            } else {
+                String::new()
+            };
             lines.push(format!(
-                "| {} | {:.1} s | {:.0} |{range} {:.0} | {:.1}% | {:.2} | {} | {} | {} | {} | {:.6} |",
+                "| {} | {:.1} s | {:.0} |{range} {:.0} | {:.1}% | {:.2} | {} | {} | {} |{bf16_mfu} {} | {:.6} |",
                 label(&r.mode),
                 r.train_runtime,
                 r.real_tokens_per_second,
@@ -250,7 +264,9 @@ impl Report {
                 ));
             }
         }
-        if let (Some(ours), Some(theirs)) = (find("varlen"), find("hf-flattening")) {
+        // Under --bf16 the peer ran with bf16=True.
+        let peer = |mode: &str| find(mode).or_else(|| find(&format!("{mode}-bf16")));
+        if let (Some(ours), Some(theirs)) = (find("varlen"), peer("hf-flattening")) {
             out.push(format!(
                 "- padfree padding-free vs HF transformers padding-free (same threads): {:.3}x real tokens/s, peak memory {:.0} vs {:.0} MiB.",
                 ours.real_tokens_per_second / theirs.real_tokens_per_second,
@@ -258,7 +274,7 @@ impl Report {
                 theirs.peak_memory_bytes.unwrap_or(0) as f64 / 1048576.0
             ));
         }
-        if let (Some(ours), Some(theirs)) = (find("padded"), find("hf-padded")) {
+        if let (Some(ours), Some(theirs)) = (find("padded"), peer("hf-padded")) {
             out.push(format!(
                 "- padfree padded vs HF transformers padded: {:.3}x real tokens/s.",
                 ours.real_tokens_per_second / theirs.real_tokens_per_second
@@ -300,7 +316,12 @@ impl Report {
         format!(
             "Peaks for MFU: calibration matmul (1024x1024x1024 f32 through burn's Flex backend, best of 5 before the runs and best of 5 after, the higher taken) {:.1} GFLOP/s (before {:.1}, after {:.1}); {theoretical}. Model FLOPs: 6 x layer matmul parameters x real tokens + 6 x V x C x labelled rows + 6 x layers x H x D x sum of squared example lengths (docs/model.md, \"Model FLOPs and MFU\").",
             self.peak.calibrated_gflops, self.peak.calibrated_before, self.peak.calibrated_after
-        )
+        ) + &self.peak.calibrated_bf16_gflops.map_or_else(String::new, |bf16| {
+            format!(
+                " bf16 calibration: the same product with bf16 operands and f32 accumulation through `--bf16`'s kernel ({}), {bf16:.1} GFLOP/s.",
+                padfree_model::Precision::cpu_matmul_body()
+            )
+        })
     }
 
     pub(super) fn write(&self, dir: &Path) -> anyhow::Result<()> {
@@ -339,11 +360,22 @@ impl Report {
 
 /// What the runs train, in words.
 fn training(args: &BenchJob) -> String {
-    let checkpointing = if args.gradient_checkpointing {
-        "; padfree with per-layer gradient checkpointing"
-    } else {
-        ""
-    };
+    let checkpointing = format!(
+        "{}{}",
+        if args.gradient_checkpointing {
+            "; padfree with per-layer gradient checkpointing"
+        } else {
+            ""
+        },
+        if args.precision == padfree_model::Precision::Bf16 {
+            format!(
+                "; bf16 mixed precision (matmuls: {}; HF: bf16=True)",
+                padfree_model::Precision::cpu_matmul_body()
+            )
+        } else {
+            String::new()
+        }
+    );
     let Some(lora) = &args.lora else {
         return format!("full fine-tuning (every weight){checkpointing}.");
     };

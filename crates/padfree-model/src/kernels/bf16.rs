@@ -1,0 +1,234 @@
+//! bf16 values: the one rounding every bf16 path uses (round to nearest
+//! even, NaN kept as a quiet NaN, as `half` and PyTorch round), widening
+//! back to f32 (exact), rounding a slice, and storing activations for the
+//! backward pass as bf16 (two to an f32 slot), vectorised and on rayon's
+//! threads for long ones.
+//!
+//! Why our own loop and not `half::bf16::from_f32` per value: `half`'s
+//! branchy version does not vectorise; this one does, and the tests check
+//! it is bit-for-bit `half`'s.
+
+use half::bf16;
+use rayon::prelude::*;
+
+use super::simd::dispatch;
+
+/// Slices longer than this are rounded or widened on rayon's threads.
+const PARALLEL_VALUES: usize = 1 << 16;
+
+/// `x` rounded to bf16 (nearest, ties to even).
+#[inline(always)]
+pub(crate) fn round(x: f32) -> bf16 {
+    let bits = x.to_bits();
+    let rounded = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
+    let nan = ((bits >> 16) | 0x40) as u16;
+    // A select, not a branch, so that loops of it vectorise.
+    bf16::from_bits(if x.is_nan() { nan } else { rounded })
+}
+
+/// `x` rounded to bf16 and widened again: the f32 that a bf16 matmul
+/// operand holds.
+#[inline(always)]
+pub(crate) fn rounded(x: f32) -> f32 {
+    widen(round(x))
+}
+
+/// The f32 of the same value (exact).
+#[inline(always)]
+pub(crate) fn widen(x: bf16) -> f32 {
+    f32::from_bits(u32::from(x.to_bits()) << 16)
+}
+
+/// Every value of `values` rounded to bf16.
+pub(crate) fn round_slice(values: &[f32]) -> Vec<bf16> {
+    let mut out = vec![bf16::ZERO; values.len()];
+    round_into(values, &mut out);
+    out
+}
+
+/// `out[i] = round(values[i])`.
+///
+/// # Panics
+/// When the lengths differ (a bug in the caller).
+pub(crate) fn round_into(values: &[f32], out: &mut [bf16]) {
+    assert_eq!(values.len(), out.len(), "bf16 rounding: lengths");
+    let body = |(src, dst): (&[f32], &mut [bf16])| {
+        dispatch(|| {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = round(s);
+            }
+        });
+    };
+    if values.len() >= PARALLEL_VALUES {
+        values
+            .par_chunks(PARALLEL_VALUES)
+            .zip(out.par_chunks_mut(PARALLEL_VALUES))
+            .for_each(body);
+    } else {
+        body((values, out));
+    }
+}
+
+/// `values` rounded in place (kept as f32): an output that autocast would
+/// have made bf16.
+pub(crate) fn round_in_place(values: &mut [f32]) {
+    let body = |chunk: &mut [f32]| {
+        dispatch(|| {
+            for v in chunk.iter_mut() {
+                *v = rounded(*v);
+            }
+        });
+    };
+    if values.len() >= PARALLEL_VALUES {
+        values.par_chunks_mut(PARALLEL_VALUES).for_each(body);
+    } else {
+        body(values);
+    }
+}
+
+/// `values` rounded to bf16 and stored two to an f32 slot (bit for bit,
+/// low half first): how a host op's `saved` buffer (f32 slots) keeps an
+/// activation for the backward pass in half the memory.
+pub(crate) fn store(values: &[f32]) -> Vec<f32> {
+    let mut out = vec![0.0f32; values.len().div_ceil(2)];
+    let body = |(src, dst): (&[f32], &mut [f32])| {
+        dispatch(|| {
+            let mut pairs = src.chunks_exact(2);
+            for (d, pair) in dst.iter_mut().zip(&mut pairs) {
+                let bits = u32::from(round(pair[0]).to_bits())
+                    | (u32::from(round(pair[1]).to_bits()) << 16);
+                *d = f32::from_bits(bits);
+            }
+            if let ([last], Some(d)) = (pairs.remainder(), dst.last_mut()) {
+                *d = f32::from_bits(u32::from(round(*last).to_bits()));
+            }
+        });
+    };
+    if values.len() >= PARALLEL_VALUES {
+        values
+            .par_chunks(PARALLEL_VALUES)
+            .zip(out.par_chunks_mut(PARALLEL_VALUES / 2))
+            .for_each(body);
+    } else {
+        body((values, &mut out));
+    }
+    out
+}
+
+/// The `len` values [`store`] kept in `stored`, widened to f32.
+///
+/// # Panics
+/// When `stored` holds fewer than `len` values (a bug in the caller).
+pub(crate) fn load(stored: &[f32], len: usize) -> Vec<f32> {
+    assert!(
+        2 * stored.len() >= len,
+        "bf16 load: {} slots for {len} values",
+        stored.len()
+    );
+    let mut out = vec![0.0f32; len];
+    let body = |(src, dst): (&[f32], &mut [f32])| {
+        dispatch(|| {
+            for (pair, s) in dst.chunks_mut(2).zip(src) {
+                let bits = s.to_bits();
+                pair[0] = f32::from_bits(bits << 16);
+                if let Some(hi) = pair.get_mut(1) {
+                    *hi = f32::from_bits(bits & 0xFFFF_0000);
+                }
+            }
+        });
+    };
+    if len >= PARALLEL_VALUES {
+        stored
+            .par_chunks(PARALLEL_VALUES / 2)
+            .zip(out.par_chunks_mut(PARALLEL_VALUES))
+            .for_each(body);
+    } else {
+        body((stored, &mut out));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use padfree_pack::SplitMix64;
+
+    /// Bit for bit `half`'s rounding (which is PyTorch's): every edge (ties
+    /// both ways, the largest finite values rounding to infinity,
+    /// subnormals, signed zeros, infinities, NaNs with any payload) and
+    /// four million random bit patterns.
+    #[test]
+    fn rounding_is_halfs_to_the_bit() {
+        let mut patterns: Vec<u32> = vec![
+            0,
+            0x8000_0000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7FC0_0000,
+            0x7F80_0001,
+            0xFF80_0001,
+            0x7FFF_FFFF,
+            0x7F7F_FFFF,
+            0xFF7F_FFFF,
+            0x7F7F_8000,
+            0x0000_0001,
+            0x0000_8000,
+            0x0001_8000,
+            0x3F80_8000,
+            0x3F81_8000,
+            0x3F80_8001,
+            0x3F80_7FFF,
+        ];
+        let mut rng = SplitMix64::new(7);
+        patterns.extend((0..4_000_000).map(|_| rng.next_u64() as u32));
+        for bits in patterns {
+            let x = f32::from_bits(bits);
+            let ours = round(x);
+            let theirs = bf16::from_f32(x);
+            if x.is_nan() {
+                assert!(ours.is_nan(), "{bits:#010x}: NaN stays NaN");
+                assert_eq!(
+                    ours.to_bits(),
+                    theirs.to_bits(),
+                    "{bits:#010x}: NaN payload"
+                );
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{bits:#010x}");
+            }
+        }
+    }
+
+    #[test]
+    fn slices_round_and_widen_like_single_values() {
+        let values: Vec<f32> = (0..PARALLEL_VALUES * 2 + 37)
+            .map(|i| (i as f32 * 0.731).sin() * 1e3)
+            .collect();
+        let halves = round_slice(&values);
+        for (h, &v) in halves.iter().zip(&values) {
+            assert_eq!(h.to_bits(), bf16::from_f32(v).to_bits());
+        }
+        let widened: Vec<f32> = halves.iter().map(|&h| widen(h)).collect();
+        for (w, (h, &v)) in widened.iter().zip(halves.iter().zip(&values)) {
+            assert_eq!(w.to_bits(), h.to_f32().to_bits(), "widening is exact");
+            assert_eq!(w.to_bits(), rounded(v).to_bits());
+        }
+        // Rounding is idempotent: a rounded value is its own rounding.
+        assert_eq!(round_slice(&widened), halves);
+        let mut in_place = values.clone();
+        round_in_place(&mut in_place);
+        assert_eq!(in_place, widened);
+        // Stored two to a slot and loaded back: the rounded values, odd
+        // lengths included, NaN payloads and signs kept.
+        for len in [0, 1, 2, 7, values.len()] {
+            let mut some = values[..len].to_vec();
+            if len > 3 {
+                some[1] = f32::from_bits(0xFFC0_1234);
+                some[2] = -0.0;
+            }
+            let loaded = load(&store(&some), len);
+            let want: Vec<u32> = some.iter().map(|&v| rounded(v).to_bits()).collect();
+            let got: Vec<u32> = loaded.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "length {len}");
+        }
+    }
+}

