@@ -14,7 +14,7 @@ use std::sync::Arc;
 use half::bf16;
 use serde::{Deserialize, Serialize};
 
-use crate::kernels::bf16::round_slice;
+use crate::kernels::bf16::{round_into, round_slice};
 use crate::kernels::gemm_bf16;
 use crate::tensor::{Tensor, with_host_values};
 
@@ -61,15 +61,25 @@ pub(crate) struct Bf16Weights {
 }
 
 impl Bf16Weights {
-    /// Copies of `params` where `wanted` says (each rounded on rayon's threads).
+    /// Copies of `params` where `wanted` says, each rounded on rayon's
+    /// threads straight from the weight's buffer, into last step's copy
+    /// when nothing else holds it (no allocation), else into a new one.
     pub fn refresh(&mut self, params: &[&Tensor<2>], wanted: impl Fn(usize) -> bool) {
+        let mut previous = std::mem::take(&mut self.copies).into_iter();
         self.copies = params
             .iter()
             .enumerate()
             .map(|(index, value)| {
+                let last = previous.next().flatten();
                 wanted(index).then(|| {
-                    let copy: Arc<[bf16]> = with_host_values((*value).clone(), round_slice).into();
-                    copy
+                    with_host_values((*value).clone(), |values| {
+                        last.filter(|copy| copy.len() == values.len())
+                            .and_then(|mut copy| {
+                                round_into(values, Arc::get_mut(&mut copy)?);
+                                Some(copy)
+                            })
+                            .unwrap_or_else(|| round_slice(values).into())
+                    })
                 })
             })
             .collect();

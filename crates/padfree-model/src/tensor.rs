@@ -117,12 +117,17 @@ pub fn take_grad<const D: usize>(leaf: &Tensor<D>, grads: &mut Gradients) -> Opt
 }
 
 /// Runs `f` on the values of a float tensor, row-major: a borrow of the
-/// CPU buffer itself when it is contiguous f32, else a copy. For adding a
-/// gradient into a sum, where even [`IntoHostVec`]'s one copy of a shared
-/// buffer is not needed.
+/// CPU buffer itself when it is contiguous f32 (an autodiff tensor's too,
+/// through its inner tensor), else a copy. For adding a gradient into a
+/// sum, or rounding the weights to bf16 once per step, where even
+/// [`IntoHostVec`]'s one copy of a shared buffer is not needed.
 pub fn with_host_values<const D: usize, R>(tensor: Tensor<D>, f: impl FnOnce(&[f32]) -> R) -> R {
-    if !tensor.is_autodiff()
-        && let Ok(primitive) = tensor.clone().try_into_primitive::<burn_flex::Flex>()
+    let tensor = if tensor.is_autodiff() {
+        tensor.inner()
+    } else {
+        tensor
+    };
+    if let Ok(primitive) = tensor.clone().try_into_primitive::<burn_flex::Flex>()
         && let Some(values) = primitive.as_slice::<f32>()
     {
         return f(values);

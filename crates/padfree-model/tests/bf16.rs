@@ -149,8 +149,39 @@ fn the_bf16_copies_are_the_rounded_weights_and_count_their_refreshes() {
     // Tiny: 7 projections a layer, 2 layers, and the (tied) head.
     let config = model.config().clone();
     assert_eq!(copies, 7 * config.num_hidden_layers + 1);
+    // A changed weight (as an optimizer step changes it) is rounded again
+    // into the copy, which nothing else holds and is reused in place.
+    let at = (1..checked)
+        .find(|&i| model.bf16_copy_values(i).is_some())
+        .expect("a projection with a copy");
+    let changed = {
+        let param = model
+            .params_mut()
+            .into_iter()
+            .nth(at)
+            .expect("the projection");
+        let dims = param.value.dims();
+        let values: Vec<f32> = param
+            .value
+            .clone()
+            .into_vec()
+            .iter()
+            .map(|v| v * 3.0 + 0.001)
+            .collect();
+        param.value = padfree_model::tensor::float_tensor(values.clone(), dims, &cpu_device(true));
+        values
+    };
     model.refresh_bf16_weights();
     assert_eq!(model.bf16_refreshes(), 2);
+    let rounded: Vec<f32> = changed
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_f32())
+        .collect();
+    assert_eq!(
+        model.bf16_copy_values(at),
+        Some(rounded),
+        "the refreshed copy"
+    );
     // f32 holds no copies and counts none.
     let f32_model = model.with_precision(Precision::F32).expect("f32");
     assert_eq!(f32_model.bf16_refreshes(), 0);

@@ -34,9 +34,9 @@ fn losses(config: TrainConfig, name: &str) -> Vec<f64> {
 }
 
 /// bf16 rounds every matmul operand to 8 mantissa bits (relative error up
-/// to 2^-9); over 20 Adam steps at a high learning rate that moves the
-/// loss by a few tenths of a percent: each step within 2% of f32's (the
-/// issue's target against HF's bf16 mode), and not equal to it.
+/// to 2^-9, about 2e-3); averaged over a loss of many tokens and 20 Adam
+/// steps the losses moved 2.4e-4 relative at most when this was written:
+/// each step within 2e-3 of f32's (one operand's rounding), and not equal.
 #[test]
 fn bf16_losses_track_f32_losses_over_20_steps() {
     let f32_losses = losses(
@@ -51,9 +51,15 @@ fn bf16_losses_track_f32_losses_over_20_steps() {
         bf16_losses[19] < bf16_losses[0],
         "the loss must fall: {bf16_losses:?}"
     );
+    let worst = bf16_losses
+        .iter()
+        .zip(&f32_losses)
+        .map(|(b, f)| (b - f).abs() / f.abs())
+        .fold(0.0, f64::max);
+    eprintln!("bf16 vs f32 losses: worst relative difference {worst:e}");
     for (step, (b, f)) in bf16_losses.iter().zip(&f32_losses).enumerate() {
         assert!(
-            (b - f).abs() <= 0.02 * f.abs(),
+            (b - f).abs() <= 2e-3 * f.abs(),
             "step {}: bf16 {b} vs f32 {f}",
             step + 1
         );

@@ -883,16 +883,18 @@ mod tests {
         let x = random(m * k, 6);
         let w = round_slice(&random(n * k, 7));
         let (a, b) = (View16::f32(&x, m, k), View16::bf16(&w, n, k).t());
-        // The widened body's f32 gemm splits K by threads, as burn's does.
-        for body in bodies().into_iter().filter(|&b| b == Body::Avx512Bf16) {
-            let threaded = product_with(body, a, b);
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(1)
-                .build()
-                .expect("a one-thread pool");
-            let single = pool.install(|| product_with(body, a, b));
-            assert_eq!(threaded, single, "{body:?}");
+        if !Body::Avx512Bf16.available() {
+            eprintln!("NOTE: this CPU has no AVX512-BF16: the fast body was not run");
+            return;
         }
+        // (The widened body's f32 gemm splits K by threads, as burn's does.)
+        let threaded = product_with(Body::Avx512Bf16, a, b);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a one-thread pool");
+        let single = pool.install(|| product_with(Body::Avx512Bf16, a, b));
+        assert_eq!(threaded, single);
     }
 
     #[test]
