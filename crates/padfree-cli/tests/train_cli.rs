@@ -118,16 +118,8 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
 
 #[test]
 fn conflicting_or_invalid_flags_are_refused() {
-    let cases: [(&[&str], &str); 17] = [
+    let cases: [(&[&str], &str); 15] = [
         (&["train", "--fp16"], "HINT: use --bf16"),
-        (
-            &["train", "--bf16", "--use-peft"],
-            "--bf16 with LoRA or QLoRA is not built yet",
-        ),
-        (
-            &["bench", "--bf16", "--use-peft"],
-            "--bf16 with LoRA or QLoRA is not built yet",
-        ),
         (
             &["train", "--max-seq-len", "1"],
             "--max-seq-len 1: an example needs at least 2 tokens",

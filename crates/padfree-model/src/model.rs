@@ -177,13 +177,14 @@ impl LlamaModel {
     /// Bytes of the weights as held: f32 values, GGUF blocks for the
     /// quantized projections, and under `--bf16` the weights' bf16 copies.
     pub fn weight_bytes(&self) -> usize {
-        let copies = self.bf16.as_ref().map_or(0, |b| {
-            b.copies
-                .iter()
-                .flatten()
-                .map(|c| 2 * c.len())
-                .sum::<usize>()
-        });
+        let bytes =
+            |b: &Bf16Weights| -> usize { b.copies.iter().flatten().map(|c| 2 * c.len()).sum() };
+        let copies = self.bf16.as_ref().map_or(0, bytes)
+            + self
+                .lora
+                .as_ref()
+                .and_then(|lora| lora.bf16.as_ref())
+                .map_or(0, bytes);
         let held: usize = self
             .params
             .iter()
@@ -279,6 +280,7 @@ impl LlamaModel {
                 params: off_the_graph(&lora.params),
                 dropout_seed,
                 base: lora.base.clone(),
+                bf16: lora.bf16.clone(),
             }),
             quantized: self.quantized.clone(),
             bf16: self.bf16.clone(),
@@ -310,9 +312,12 @@ impl LlamaModel {
         Ok(base)
     }
 
-    fn attach(&mut self, adapters: Lora) {
+    fn attach(&mut self, mut adapters: Lora) {
         for param in &mut self.params {
             param.value = frozen(param.value.clone());
+        }
+        if self.bf16.is_some() {
+            adapters.refresh_bf16();
         }
         self.lora = Some(adapters);
     }
@@ -374,6 +379,10 @@ impl LlamaModel {
                 weight.value = float_tensor(values, dims, &self.device);
             }
         }
+        // The merged weights need copies of their own.
+        if merged.bf16.is_some() {
+            merged.refresh_base_copies();
+        }
         merged
     }
 
@@ -385,11 +394,14 @@ impl LlamaModel {
     }
 
     /// The same model computing its matmuls in `precision`. bf16 makes the
-    /// weights' bf16 copies at once; it runs on the CPU, without LoRA
-    /// adapters or GGUF blocks, in this build.
+    /// weights' bf16 copies at once (the adapters' too); it runs on the CPU
+    /// in this build.
     pub fn with_precision(mut self, precision: Precision) -> Result<Self, ModelError> {
         if precision == Precision::F32 {
             self.bf16 = None;
+            if let Some(lora) = &mut self.lora {
+                lora.bf16 = None;
+            }
             return Ok(self);
         }
         let refuse = |message: &str, hint: &'static str| {
@@ -404,14 +416,11 @@ impl LlamaModel {
                 "drop --device to train in bf16 on the CPU, or drop --bf16 to train in f32 on the GPU",
             );
         }
-        if self.lora.is_some() || self.is_quantized() {
-            return refuse(
-                "--bf16 with LoRA or QLoRA is not built yet (the LoRA op and the quantized product have no bf16 bodies)",
-                "drop --bf16 to train the adapters in f32, or drop --use-peft to fine-tune every weight in bf16",
-            );
-        }
         self.bf16 = Some(Bf16Weights::default());
-        self.refresh_bf16_weights();
+        self.refresh_base_copies();
+        if let Some(lora) = &mut self.lora {
+            lora.refresh_bf16();
+        }
         Ok(self)
     }
 
@@ -424,10 +433,22 @@ impl LlamaModel {
         }
     }
 
-    /// Makes the bf16 copies of the matmuls' weights again from the f32
-    /// master weights: after every optimizer step (the trainer calls it),
-    /// never in between. Nothing to do in f32.
+    /// Makes the bf16 copies of what trains again from the f32 master
+    /// weights: after every optimizer step (the trainer calls it), never in
+    /// between. With LoRA only the adapters' copies: the base is frozen,
+    /// its copies were made once. Nothing to do in f32.
     pub fn refresh_bf16_weights(&mut self) {
+        if self.bf16.is_none() {
+            return;
+        }
+        match &mut self.lora {
+            Some(lora) => lora.refresh_bf16(),
+            None => self.refresh_base_copies(),
+        }
+    }
+
+    /// The copies of the base's matmul weights.
+    fn refresh_base_copies(&mut self) {
         let head = self.head_index();
         let per_layer = self.layer_tensors.len();
         let first_layer = index::layer_start(0, per_layer);
@@ -451,10 +472,21 @@ impl LlamaModel {
         Some(copy.iter().map(|v| v.to_f32()).collect())
     }
 
-    /// How many times the bf16 copies were made (0 in f32): once when bf16
-    /// is switched on, then once per optimizer step.
+    /// How many times the bf16 copies of what trains were made (0 in
+    /// f32): once when bf16 is switched on, then once per optimizer step.
+    /// With LoRA these are the adapters' copies (the base's are made once).
     pub fn bf16_refreshes(&self) -> u64 {
-        self.bf16.as_ref().map_or(0, |b| b.refreshes)
+        match self.lora.as_ref() {
+            Some(lora) => lora.bf16.as_ref().map_or(0, |b| b.refreshes),
+            None => self.bf16.as_ref().map_or(0, |b| b.refreshes),
+        }
+    }
+
+    /// The bf16 copy of adapter parameter `index` ([`Self::trainable`]'s
+    /// order), widened to f32, when it has one.
+    pub fn adapter_bf16_copy_values(&self, index: usize) -> Option<Vec<f32>> {
+        let copy = self.lora.as_ref()?.bf16.as_ref()?.get(index)?;
+        Some(copy.iter().map(|v| v.to_f32()).collect())
     }
 
     /// How attention is computed.
@@ -528,6 +560,7 @@ impl LlamaModel {
         Ok(DecoderLayer::new(
             block,
             quantized,
+            self.bf16.is_some(),
             copies,
             &self.layer_tensors,
             &self.config,

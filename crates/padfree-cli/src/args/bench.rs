@@ -272,11 +272,6 @@ impl BenchArgs {
             );
         }
         let lora = self.lora.validate()?;
-        if self.bf16 && lora.is_some() {
-            bail!(
-                "--bf16 with LoRA or QLoRA is not built yet (the LoRA op and the quantized product have no bf16 bodies)\nHINT: drop --bf16 to bench the adapters in f32, or drop --use-peft to bench full fine-tuning in bf16"
-            );
-        }
         if self.bf16 && self.device.is_gpu() {
             bail!(
                 "--bf16 runs on the CPU only in this build\nHINT: drop --device to bench bf16 on the CPU"

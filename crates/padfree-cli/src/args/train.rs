@@ -471,12 +471,7 @@ impl TrainArgs {
             (None, None) => Warmup::Steps(demo_usize(10, 0)),
         };
         let lora = self.lora.validate()?;
-        // Refused before anything is written (the model refuses them too).
-        if self.bf16 && lora.is_some() {
-            bail!(
-                "--bf16 with LoRA or QLoRA is not built yet (the LoRA op and the quantized product have no bf16 bodies)\nHINT: drop --bf16 to train the adapters in f32, or drop --use-peft to fine-tune every weight in bf16"
-            );
-        }
+        // Refused before anything is written (the model refuses it too).
         if self.bf16 && self.device.is_gpu() {
             bail!(
                 "--bf16 runs on the CPU only in this build (the GPU's bf16 matmuls and attention are not built yet)\nHINT: drop --device to train in bf16 on the CPU, or drop --bf16 to train in f32 on the GPU"

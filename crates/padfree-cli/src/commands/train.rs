@@ -212,8 +212,20 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         )?;
     }
     if config.precision == padfree_model::Precision::Bf16 {
+        let model = trainer.model();
+        let kept = match (model.lora_config().is_some(), model.is_quantized()) {
+            (false, _) => {
+                "master weights, gradients, AdamW state, checkpoints and the final model in f32"
+            }
+            (true, false) => {
+                "the adapters' master weights, gradients, AdamW state, checkpoints and the saved adapter in f32; the frozen base multiplied from a bf16 copy made once"
+            }
+            (true, true) => {
+                "the adapters' master weights, gradients, AdamW state, checkpoints and the saved adapter in f32; the frozen base's blocks dequantised to bf16 a tile at a time"
+            }
+        };
         say!(
-            "precision: bf16 matmul operands, f32 accumulation ({}); master weights, gradients, AdamW state, checkpoints and the final model in f32",
+            "precision: bf16 matmul operands, f32 accumulation ({}); {kept}",
             padfree_model::Precision::cpu_matmul_body()
         );
         if !padfree_model::Precision::cpu_has_bf16_instructions() {

@@ -124,6 +124,28 @@ impl<'a> View16<'a> {
         }
     }
 
+    /// Columns `start..start + len` of the view, without a copy.
+    ///
+    /// # Panics
+    /// When the columns run past the view.
+    pub fn columns(self, start: usize, len: usize) -> Self {
+        assert!(
+            start + len <= self.cols,
+            "bf16 gemm view: columns {start}+{len} of {}",
+            self.cols
+        );
+        let from = |len: usize| (start * self.col_stride).min(len);
+        let values = match self.values {
+            Values::F32(v) => Values::F32(&v[from(v.len())..]),
+            Values::Bf16(v) => Values::Bf16(&v[from(v.len())..]),
+        };
+        Self {
+            values,
+            cols: len,
+            ..self
+        }
+    }
+
     /// Element `(i, j)` as the f32 of its bf16 value (tests' oracle).
     #[cfg(test)]
     fn widened(&self, i: usize, j: usize) -> f32 {
@@ -196,6 +218,21 @@ pub fn body() -> Body {
 /// When the inner dimensions differ (a bug in the caller).
 pub(crate) fn product(a: View16<'_>, b: View16<'_>) -> Vec<f32> {
     product_with(body(), a, b)
+}
+
+/// `dst` (row-major, `row_stride` values a row) set to `a b`, or
+/// `factor * a b` added to it, by this process's body.
+///
+/// # Panics
+/// As [`product_into_with`].
+pub(crate) fn product_into(
+    dst: &mut [f32],
+    row_stride: usize,
+    a: View16<'_>,
+    b: View16<'_>,
+    write: Write,
+) {
+    product_into_with(body(), dst, row_stride, a, b, write);
 }
 
 /// [`product`] with a given body (tests and benchmarks compare them).

@@ -15,16 +15,34 @@
 //! burn's matmul, or dequantize-then-multiply, plus the adapter from burn
 //! ops with the mask as a tensor.
 //!
+//! Under `--bf16` ([`bf16_lora_linear`]) every product has bf16 operands
+//! and f32 accumulation, as PEFT's layer computes under autocast: the
+//! base's `W` from its bf16 copy (made once: it is frozen) or dequantised
+//! to bf16 tiles (QLoRA), `A` and `B` from their copies (made once per
+//! optimizer step), `x`, `drop(x)` and `dy` rounded as the products read
+//! them, `down` rounded to bf16 (autocast's `lora_A` output) and the sum
+//! rounded once. autocast also rounds the base's and the adapter's outputs
+//! before adding them; here the adapter's product is added into the base's
+//! in f32 and the sum rounded, one rounding fewer (`composed_bf16_lora_linear`
+//! is the oracle of exactly this).
+//!
 //! # Shapes
 //! `N` rows, `C` input width, `O` output width, `r` the rank: `x` `[N, C]`,
 //! `W` `[O, C]`, `A` `[r, C]`, `B` `[O, r]`.
 
+use std::sync::Arc;
+
+use half::bf16;
+
 use super::attention::is_cpu;
+use super::bf16::{load, round_in_place, store};
 use super::dropout::{DropoutMask, composed_dropout_matmul};
 use super::gemm::{View, Write, product, product_into};
+use super::gemm_bf16::{self, View16};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use super::linear::round_tensor;
 use super::quant_matmul::{self, composed_quant_linear};
-use crate::tensor::{Tensor, linear};
+use crate::tensor::{Tensor, float_tensor, linear};
 use crate::weights::quantized::QuantMatrix;
 
 /// The adapter's side of a LoRA layer.
@@ -87,6 +105,205 @@ pub fn composed_lora_linear(x: Tensor<2>, layer: LoraLayer<'_>) -> Tensor<2> {
         None => linear(x, &layer.a),
     };
     base + linear(down, &layer.b).mul_scalar(layer.factors.scale)
+}
+
+/// The bf16 copies a LoRA layer multiplies under `--bf16`.
+#[derive(Debug, Clone)]
+pub struct LoraCopies {
+    /// `W`'s copy, `[O, C]`; `None` for a base in GGUF blocks (its tiles
+    /// are rounded as they are dequantised).
+    pub w: Option<Arc<[bf16]>>,
+    /// `[r, C]`.
+    pub a: Arc<[bf16]>,
+    /// `[O, r]`.
+    pub b: Arc<[bf16]>,
+}
+
+/// [`lora_linear`] with bf16 operands and f32 accumulation (`--bf16`, see
+/// the module's notes): `[N, C] -> [N, O]`, the output rounded to bf16,
+/// differentiable in `x` and the adapter. CPU only.
+///
+/// # Panics
+/// When a copy's length differs from its weight's (a bug in the caller),
+/// or a dense base has no copy.
+pub fn bf16_lora_linear(
+    x: Tensor<2>,
+    layer: LoraLayer<'_>,
+    copies: LoraCopies,
+) -> Result<Tensor<2>, UnsupportedTensor> {
+    if !is_cpu(&x.device()) {
+        return Err(UnsupportedTensor(
+            "bf16 matmuls run on the CPU only in this build".into(),
+        ));
+    }
+    let LoraLayer {
+        w,
+        quantized,
+        a,
+        b,
+        factors,
+    } = layer;
+    let base = match (quantized, copies.w) {
+        (Some(quantized), _) => Base16::Quantized(quantized.clone()),
+        (None, Some(copy)) => {
+            assert_eq!(
+                copy.len(),
+                w.dims().iter().product::<usize>(),
+                "bf16 LoRA: W's copy"
+            );
+            Base16::Dense(copy)
+        }
+        (None, None) => panic!("bf16 LoRA: a dense base without its bf16 copy"),
+    };
+    assert_eq!(
+        copies.a.len(),
+        a.dims().iter().product::<usize>(),
+        "bf16 LoRA: A's copy"
+    );
+    assert_eq!(
+        copies.b.len(),
+        b.dims().iter().product::<usize>(),
+        "bf16 LoRA: B's copy"
+    );
+    apply::<_, 4, 2, 2>(
+        Bf16LoraLinear {
+            base,
+            a16: copies.a,
+            b16: copies.b,
+            factors,
+        },
+        [x, w, a, b],
+    )
+}
+
+/// The oracle of [`bf16_lora_linear`]: every operand rounded to bf16 before
+/// burn's f32 matmuls (the base dequantised first), `down` rounded, the sum
+/// rounded; each rounding the identity's gradient.
+pub fn composed_bf16_lora_linear(x: Tensor<2>, layer: LoraLayer<'_>) -> Tensor<2> {
+    let [n, c] = x.dims();
+    let device = x.device();
+    let w = match layer.quantized {
+        Some(quantized) => float_tensor(quantized.dequantized(), quantized.dims(), &device),
+        None => layer.w,
+    };
+    let base = linear(round_tensor(x.clone()), &round_tensor(w));
+    let dropped = match layer.factors.dropout {
+        Some(mask) => x * float_tensor(mask.values(n * c), [n, c], &device),
+        None => x,
+    };
+    let down = round_tensor(linear(round_tensor(dropped), &round_tensor(layer.a)));
+    let update = linear(down, &round_tensor(layer.b)).mul_scalar(layer.factors.scale);
+    round_tensor(base + update)
+}
+
+/// The frozen base of a bf16 LoRA layer.
+#[derive(Debug, Clone)]
+enum Base16 {
+    /// `W`'s bf16 copy, `[O, C]`.
+    Dense(Arc<[bf16]>),
+    /// GGUF blocks, dequantised to bf16 a tile at a time.
+    Quantized(QuantMatrix),
+}
+
+#[derive(Debug, Clone)]
+struct Bf16LoraLinear {
+    base: Base16,
+    a16: Arc<[bf16]>,
+    b16: Arc<[bf16]>,
+    factors: LoraFactors,
+}
+
+impl HostOp<4> for Bf16LoraLinear {
+    /// No gradient reads the output; `down` is kept in `saved` (as bf16).
+    const KEEPS_OUTPUT: bool = false;
+
+    fn forward(&self, [x, _w, a, b]: [HostTensor<'_>; 4]) -> HostOutput {
+        let (n, c, r) = (x.shape[0], x.shape[1], a.shape[0]);
+        let o = b.shape[0];
+        let xv = View16::f32(x.values, n, c);
+        let mut y = match &self.base {
+            Base16::Quantized(quantized) => quant_matmul::forward_bf16(quantized, x.values, n),
+            Base16::Dense(w16) => gemm_bf16::product(xv, View16::bf16(w16, o, c).t()),
+        };
+        let dropped = self.factors.dropout.map(|mask| mask.dropped(x.values));
+        // `down` is rounded to bf16 as the next product reads it, and as
+        // it is stored: autocast's bf16 `lora_A` output either way.
+        let down = gemm_bf16::product(
+            View16::f32(dropped.as_deref().unwrap_or(x.values), n, c),
+            View16::bf16(&self.a16, r, c).t(),
+        );
+        gemm_bf16::product_into(
+            &mut y,
+            o,
+            View16::f32(&down, n, r),
+            View16::bf16(&self.b16, o, r).t(),
+            Write::Add(self.factors.scale),
+        );
+        round_in_place(&mut y);
+        HostOutput {
+            values: y,
+            shape: vec![n, o],
+            saved: store(&down),
+        }
+    }
+
+    fn backward(
+        &self,
+        [x, _w, a, b]: [HostTensor<'_>; 4],
+        _output: &[f32],
+        saved: &[f32],
+        d_out: &[f32],
+        [x_needed, _, a_needed, b_needed]: [bool; 4],
+    ) -> [Vec<f32>; 4] {
+        let (n, c, r) = (x.shape[0], x.shape[1], a.shape[0]);
+        let o = b.shape[0];
+        let s = self.factors.scale;
+        let down = load(saved, n * r);
+        let dy = View16::f32(d_out, n, o);
+        // d(down) = s dy B: `[N, r]`, f32 (autocast would round it: one
+        // rounding of a small matrix that costs nothing to keep).
+        let mut d_down = gemm_bf16::product(dy, View16::bf16(&self.b16, o, r));
+        d_down.iter_mut().for_each(|v| *v *= s);
+        let d_down_view = View16::f32(&d_down, n, r);
+        let d_b = if b_needed {
+            let mut d_b = gemm_bf16::product(dy.t(), View16::f32(&down, n, r));
+            d_b.iter_mut().for_each(|v| *v *= s);
+            d_b
+        } else {
+            Vec::new()
+        };
+        let a_view = View16::bf16(&self.a16, r, c);
+        let mut dx = if x_needed {
+            match &self.base {
+                Base16::Quantized(quantized) => quant_matmul::backward_bf16(quantized, d_out, n),
+                Base16::Dense(w16) => gemm_bf16::product(dy, View16::bf16(w16, o, c)),
+            }
+        } else {
+            Vec::new()
+        };
+        let d_a_from = |dropped: &[f32]| {
+            if a_needed {
+                gemm_bf16::product(d_down_view.t(), View16::f32(dropped, n, c))
+            } else {
+                Vec::new()
+            }
+        };
+        let d_a = match self.factors.dropout {
+            Some(mask) if x_needed => {
+                let mut through = gemm_bf16::product(d_down_view, a_view);
+                mask.backward(x.values, &mut through, &mut dx);
+                d_a_from(&through)
+            }
+            Some(mask) => d_a_from(&mask.dropped(x.values)),
+            None => {
+                if x_needed {
+                    gemm_bf16::product_into(&mut dx, c, d_down_view, a_view, Write::Add(1.0));
+                }
+                d_a_from(x.values)
+            }
+        };
+        [dx, Vec::new(), d_a, d_b]
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -205,23 +422,8 @@ mod tests {
     use crate::weights::gguf::GgmlType;
     use padfree_pack::SplitMix64;
 
-    /// The fused layer against the composed one: output and the gradients
-    /// of `x`, `A`, `B`, for an f32 and a Q8_0 base, with and without
-    /// dropout. Tolerance 1e-5 of the largest value: the same f32 products,
-    /// the adapter's scale applied before rather than after its second
-    /// product and its sum taken inside gemm (a few roundings apart).
-    #[test]
-    fn fused_layer_matches_the_composed_one() {
-        let device = cpu_device(true);
-        let (n, c, o, r) = (37, 64, 48, 4);
-        let (x0, w0, a0, b0, dy0) = (
-            random(n * c, 1),
-            random(o * c, 2),
-            random(r * c, 3),
-            random(o * r, 4),
-            random(n * o, 5),
-        );
-        // Q8_0 blocks: an f16 scale, then 32 signed bytes.
+    /// Q8_0 blocks of `[o, c]`: an f16 scale, then 32 signed bytes.
+    fn q8_0(o: usize, c: usize) -> QuantMatrix {
         let mut rng = SplitMix64::new(6);
         let blocks: Vec<u8> = (0..o * c / 32)
             .flat_map(|_| {
@@ -230,40 +432,144 @@ mod tests {
                 block
             })
             .collect();
-        let quant = QuantMatrix::new(GgmlType::Q8_0, o, c, blocks).expect("whole blocks");
+        QuantMatrix::new(GgmlType::Q8_0, o, c, blocks).expect("whole blocks")
+    }
+
+    /// The layer tests' shape and inputs: `x` `[37, 64]`, `W` `[48, 64]`,
+    /// `A` `[4, 64]`, `B` `[48, 4]`, `dy` `[37, 48]` (through `dy_value`).
+    const N: usize = 37;
+    const C: usize = 64;
+    const O: usize = 48;
+    const R: usize = 4;
+
+    fn inputs(dy_value: fn(f32) -> f32) -> [Vec<f32>; 5] {
+        let dy = random(N * O, 5).into_iter().map(dy_value).collect();
+        [
+            random(N * C, 1),
+            random(O * C, 2),
+            random(R * C, 3),
+            random(O * R, 4),
+            dy,
+        ]
+    }
+
+    #[derive(Clone, Copy)]
+    enum Op {
+        Fused,
+        Composed,
+        Bf16,
+        ComposedBf16,
+    }
+
+    /// `[y, dx, dA, dB]` of `sum(op(x) * dy)`, the base dense or `quantized`.
+    fn run(
+        op: Op,
+        [x0, w0, a0, b0, dy0]: &[Vec<f32>; 5],
+        quantized: Option<&QuantMatrix>,
+        dropout: Option<DropoutMask>,
+    ) -> [Vec<f32>; 4] {
+        use crate::kernels::bf16::round_slice;
+        let device = cpu_device(true);
+        let x = trainable(float_tensor(x0.clone(), [N, C], &device));
+        let w = match quantized {
+            Some(_) => frozen(float_tensor(vec![0.0], [1, 1], &device)),
+            None => frozen(float_tensor(w0.clone(), [O, C], &device)),
+        };
+        let a = trainable(float_tensor(a0.clone(), [R, C], &device));
+        let b = trainable(float_tensor(b0.clone(), [O, R], &device));
+        let layer = LoraLayer {
+            w: w.clone(),
+            quantized,
+            a: a.clone(),
+            b: b.clone(),
+            factors: LoraFactors {
+                scale: 2.0,
+                dropout,
+            },
+        };
+        let y = match op {
+            Op::Fused => lora_linear(x.clone(), layer).expect("f32 on the CPU"),
+            Op::Composed => composed_lora_linear(x.clone(), layer),
+            Op::Bf16 => {
+                let copies = LoraCopies {
+                    w: quantized.is_none().then(|| round_slice(w0).into()),
+                    a: round_slice(a0).into(),
+                    b: round_slice(b0).into(),
+                };
+                bf16_lora_linear(x.clone(), layer, copies).expect("CPU")
+            }
+            Op::ComposedBf16 => composed_bf16_lora_linear(x.clone(), layer),
+        };
+        let dy = float_tensor(dy0.clone(), [N, O], &device);
+        let grads = backward(&(y.clone() * dy).sum());
+        assert!(grad(&w, &grads).is_none(), "the base is frozen");
+        let g = |t: &Tensor<2>| grad(t, &grads).expect("gradient").into_vec();
+        [y.into_vec(), g(&x), g(&a), g(&b)]
+    }
+
+    /// The bf16 layer against its oracle (every operand rounded, burn's f32
+    /// matmuls), for a dense and a Q8_0 base, with and without dropout,
+    /// `dy` rounded beforehand as the op rounds it. Tolerances: `y` and
+    /// `down` are rounded in both, so `y` agrees but where an f32 sum
+    /// straddles a rounding tie (one bf16 step, 1e-2 of the scale, and at
+    /// least 99% of the values equal); `dB` reads the rounded `down`, the
+    /// same way (1e-2); `dx` and `dA` read `d(down)`, which the op rounds
+    /// to bf16 (as autocast's `lora_A` gradient is) and the oracle does not:
+    /// half a bf16 step relative on the adapter's share, 4e-3 of the
+    /// scale. And the bf16 layer is not the f32 one: rounding must show.
+    #[test]
+    fn bf16_layer_matches_its_rounded_oracle() {
+        use crate::kernels::bf16::rounded;
+        let inputs = inputs(rounded);
+        let quant = q8_0(O, C);
         for quantized in [None, Some(&quant)] {
             for dropout in [None, Some(DropoutMask { p: 0.3, seed: 11 })] {
-                let factors = LoraFactors {
-                    scale: 2.0,
-                    dropout,
+                let case = |what: &str| {
+                    format!(
+                        "bf16 {what} (quantized {}, dropout {})",
+                        quantized.is_some(),
+                        dropout.is_some()
+                    )
                 };
-                let run = |fused: bool| {
-                    let x = trainable(float_tensor(x0.clone(), [n, c], &device));
-                    let w = match quantized {
-                        Some(_) => frozen(float_tensor(vec![0.0], [1, 1], &device)),
-                        None => frozen(float_tensor(w0.clone(), [o, c], &device)),
-                    };
-                    let a = trainable(float_tensor(a0.clone(), [r, c], &device));
-                    let b = trainable(float_tensor(b0.clone(), [o, r], &device));
-                    let layer = LoraLayer {
-                        w: w.clone(),
-                        quantized,
-                        a: a.clone(),
-                        b: b.clone(),
-                        factors,
-                    };
-                    let y = if fused {
-                        lora_linear(x.clone(), layer).expect("f32 on the CPU")
-                    } else {
-                        composed_lora_linear(x.clone(), layer)
-                    };
-                    let dy = float_tensor(dy0.clone(), [n, o], &device);
-                    let grads = backward(&(y.clone() * dy).sum());
-                    assert!(grad(&w, &grads).is_none(), "the base is frozen");
-                    let g = |t: &Tensor<2>| grad(t, &grads).expect("gradient").into_vec();
-                    [y.into_vec(), g(&x), g(&a), g(&b)]
-                };
-                let (ours, theirs) = (run(true), run(false));
+                let ours = run(Op::Bf16, &inputs, quantized, dropout);
+                let theirs = run(Op::ComposedBf16, &inputs, quantized, dropout);
+                let f32s = run(Op::Fused, &inputs, quantized, dropout);
+                for (i, (what, tolerance)) in
+                    [("y", 1e-2), ("dx", 4e-3), ("dA", 4e-3), ("dB", 1e-2)]
+                        .into_iter()
+                        .enumerate()
+                {
+                    assert_within(&case(what), &ours[i], &theirs[i], tolerance);
+                }
+                let exact = ours[0]
+                    .iter()
+                    .zip(&theirs[0])
+                    .filter(|(a, b)| a == b)
+                    .count();
+                assert!(
+                    exact * 100 >= 99 * ours[0].len(),
+                    "{}: {exact} of {} equal",
+                    case("y"),
+                    ours[0].len()
+                );
+                assert_ne!(ours[0], f32s[0], "{}: rounding must show", case("y"));
+            }
+        }
+    }
+
+    /// The fused layer against the composed one: output and the gradients
+    /// of `x`, `A`, `B`, for an f32 and a Q8_0 base, with and without
+    /// dropout. Tolerance 1e-5 of the largest value: the same f32 products,
+    /// the adapter's scale applied before rather than after its second
+    /// product and its sum taken inside gemm (a few roundings apart).
+    #[test]
+    fn fused_layer_matches_the_composed_one() {
+        let inputs = inputs(|v| v);
+        let quant = q8_0(O, C);
+        for quantized in [None, Some(&quant)] {
+            for dropout in [None, Some(DropoutMask { p: 0.3, seed: 11 })] {
+                let ours = run(Op::Fused, &inputs, quantized, dropout);
+                let theirs = run(Op::Composed, &inputs, quantized, dropout);
                 for ((what, a), b) in ["y", "dx", "dA", "dB"].iter().zip(&ours).zip(&theirs) {
                     let case = format!(
                         "{what} (quantized {}, dropout {})",

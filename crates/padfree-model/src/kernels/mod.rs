@@ -52,8 +52,13 @@ pub use host_op::UnsupportedTensor;
 pub use linear::{
     bf16_linear, bf16_linear_storing_input, composed_bf16_linear, composed_linear, fused_linear,
 };
-pub use lora_linear::{LoraFactors, LoraLayer, composed_lora_linear, lora_linear};
-pub use quant_matmul::{composed_quant_linear, quant_linear};
+pub use lora_linear::{
+    LoraCopies, LoraFactors, LoraLayer, bf16_lora_linear, composed_bf16_lora_linear,
+    composed_lora_linear, lora_linear,
+};
+pub use quant_matmul::{
+    bf16_quant_linear, composed_bf16_quant_linear, composed_quant_linear, quant_linear,
+};
 pub use rms_norm::{composed_rms_norm, rms_norm};
 pub use rope::{RopeTables, composed_rope, rope};
 pub use swiglu::{bf16_swiglu, composed_swiglu, swiglu};

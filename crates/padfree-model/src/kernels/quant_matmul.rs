@@ -8,14 +8,25 @@
 //! added into `dx`). No gradient of `W`
 //! exists: it is frozen.
 //!
+//! Under `--bf16` ([`bf16_quant_linear`]) each tile is dequantised and
+//! rounded to bf16 (what bitsandbytes' 4-bit layers do with a bf16 compute
+//! dtype), and multiplied by the bf16 gemm (`kernels/gemm_bf16.rs`) with
+//! `x` and `dy` rounded as it reads them; the output is rounded to bf16.
+//!
 //! The oracle beside it is dequantize-then-multiply with burn's matmul
-//! (`composed_quant_linear`), tested against the kernel for every block type.
+//! (`composed_quant_linear`; in bf16 `composed_bf16_quant_linear`, the
+//! operands rounded first), tested against the kernel for every block type.
 //!
 //! # Shapes
 //! `N` rows, `C` input width, `O` output width (`W` is `[O, C]`, HF layout).
 
+use half::bf16;
+
+use super::bf16::{round_in_place, round_into};
 use super::gemm::{View, Write, product, product_into};
+use super::gemm_bf16::{self, View16};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use super::linear::round_tensor;
 use crate::tensor::{Tensor, float_tensor, linear};
 use crate::weights::quantized::QuantMatrix;
 
@@ -48,9 +59,63 @@ pub fn composed_quant_linear(x: Tensor<2>, weight: &QuantMatrix) -> Tensor<2> {
     linear(x, &w)
 }
 
+/// `x W^T` with `W` in blocks and bf16 operands (`--bf16`): `[N, C] ->
+/// [N, O]`, the output rounded to bf16, differentiable in `x`; CPU only.
+pub fn bf16_quant_linear(
+    x: Tensor<2>,
+    weight: &QuantMatrix,
+) -> Result<Tensor<2>, UnsupportedTensor> {
+    apply::<_, 1, 2, 2>(
+        Bf16QuantLinear {
+            weight: weight.clone(),
+        },
+        [x],
+    )
+}
+
+/// The oracle of [`bf16_quant_linear`]: `W` dequantised to f32, both
+/// operands rounded to bf16, burn's f32 matmul, the output rounded.
+pub fn composed_bf16_quant_linear(x: Tensor<2>, weight: &QuantMatrix) -> Tensor<2> {
+    let w = float_tensor(weight.dequantized(), weight.dims(), &x.device());
+    round_tensor(linear(round_tensor(x), &round_tensor(w)))
+}
+
 #[derive(Debug, Clone)]
 struct QuantLinear {
     weight: QuantMatrix,
+}
+
+#[derive(Debug, Clone)]
+struct Bf16QuantLinear {
+    weight: QuantMatrix,
+}
+
+impl HostOp<1> for Bf16QuantLinear {
+    /// As [`QuantLinear`]: `dx = dy W` reads neither the output nor `x`.
+    const KEEPS_OUTPUT: bool = false;
+    const KEEPS_INPUTS: bool = false;
+
+    fn forward(&self, [x]: [HostTensor<'_>; 1]) -> HostOutput {
+        let n = x.shape[0];
+        let mut values = forward_bf16(&self.weight, x.values, n);
+        round_in_place(&mut values);
+        HostOutput {
+            values,
+            shape: vec![n, self.weight.dims()[0]],
+            saved: Vec::new(),
+        }
+    }
+
+    fn backward(
+        &self,
+        [x]: [HostTensor<'_>; 1],
+        _output: &[f32],
+        _saved: &[f32],
+        d_out: &[f32],
+        _needed: [bool; 1],
+    ) -> [Vec<f32>; 1] {
+        [backward_bf16(&self.weight, d_out, x.shape[0])]
+    }
 }
 
 impl HostOp<1> for QuantLinear {
@@ -119,12 +184,53 @@ pub(super) fn backward(w: &QuantMatrix, dy: &[f32], n: usize) -> Vec<f32> {
     dx.unwrap_or_else(|| vec![0.0; n * c])
 }
 
-/// One f32 buffer of a tile's size, reused for every tile of a product.
+/// [`forward`] with bf16 operands: `x` rounded as the gemm reads it, each
+/// tile of `W` dequantised and rounded to bf16. The output is not rounded.
+pub(super) fn forward_bf16(w: &QuantMatrix, x: &[f32], n: usize) -> Vec<f32> {
+    let [o, c] = w.dims();
+    let x = View16::f32(x, n, c);
+    let mut tiles = Tiles::new(w);
+    let mut y = vec![0.0f32; n * o];
+    for start in (0..o).step_by(tiles.rows) {
+        let rows = tiles.rows.min(o - start);
+        gemm_bf16::product_into(
+            &mut y[start..],
+            o,
+            x,
+            tiles.dequantized16(start, rows).t(),
+            Write::Set,
+        );
+    }
+    y
+}
+
+/// [`backward`] with bf16 operands: `dy` rounded as read, `W`'s tiles in bf16.
+pub(super) fn backward_bf16(w: &QuantMatrix, dy: &[f32], n: usize) -> Vec<f32> {
+    let [o, c] = w.dims();
+    let dy = View16::f32(dy, n, o);
+    let mut tiles = Tiles::new(w);
+    let mut dx = vec![0.0f32; n * c];
+    for start in (0..o).step_by(tiles.rows) {
+        let rows = tiles.rows.min(o - start);
+        let write = if start == 0 {
+            Write::Set
+        } else {
+            Write::Add(1.0)
+        };
+        let part = dy.columns(start, rows);
+        gemm_bf16::product_into(&mut dx, c, part, tiles.dequantized16(start, rows), write);
+    }
+    dx
+}
+
+/// One f32 buffer of a tile's size, reused for every tile of a product
+/// (and its bf16 twin under `--bf16`).
 struct Tiles<'w> {
     w: &'w QuantMatrix,
     /// Rows of a tile ([`tile_rows`]).
     rows: usize,
     buffer: Vec<f32>,
+    buffer16: Vec<bf16>,
 }
 
 impl<'w> Tiles<'w> {
@@ -135,7 +241,20 @@ impl<'w> Tiles<'w> {
             w,
             rows,
             buffer: vec![0.0; rows.min(o) * c],
+            buffer16: Vec::new(),
         }
+    }
+
+    /// Rows `start..start + rows` of `W` dequantised and rounded to bf16.
+    fn dequantized16(&mut self, start: usize, rows: usize) -> View16<'_> {
+        let c = self.w.dims()[1];
+        let len = self.buffer.len();
+        self.buffer16.resize(len, bf16::ZERO);
+        let values = &mut self.buffer[..rows * c];
+        self.w.dequantize_rows(start, rows, values);
+        let values16 = &mut self.buffer16[..rows * c];
+        round_into(values, values16);
+        View16::bf16(values16, rows, c)
     }
 
     /// Rows `start..start + rows` of `W` in f32, `[rows, C]`.
@@ -188,15 +307,22 @@ mod tests {
         data
     }
 
-    /// Forward and input gradient of the fused kernel against
-    /// dequantize-then-multiply, for every block type, with more rows than
-    /// one tile (the last one partial). Tolerance: the same f32 products
-    /// summed in another order (gemm's blocking vs burn's), 1e-5 of the
-    /// largest value.
-    #[test]
-    fn fused_matches_dequantize_then_multiply_for_every_block_type() {
-        let device = cpu_device(true);
-        for (ggml_type, cols) in [
+    /// One block type's case: a `[9000, C]` weight in its blocks (tiles of
+    /// 4,096 rows at C = 512: three, the last one partial; C = 96 gets one
+    /// tile of 21,845 rows), `x` `[7, C]` and `dy` `[7, 9000]` (each `dy`
+    /// value through `dy_value`).
+    struct Case {
+        ggml_type: GgmlType,
+        w: QuantMatrix,
+        x: Vec<f32>,
+        dy: Vec<f32>,
+    }
+
+    const ROWS: usize = 9000;
+    const N: usize = 7;
+
+    fn cases(dy_value: fn(f32) -> f32) -> Vec<Case> {
+        [
             (GgmlType::Q4_0, 96),
             (GgmlType::Q4_1, 96),
             (GgmlType::Q8_0, 96),
@@ -204,53 +330,87 @@ mod tests {
             (GgmlType::Q6K, 512),
             (GgmlType::F16, 96),
             (GgmlType::Bf16, 96),
-        ] {
-            // Tiles of 4,096 rows (C = 512): 9,000 rows make three, the last
-            // one partial; C = 96 gets one tile (21,845 rows).
-            let rows = 9000;
-            let w = QuantMatrix::new(
+        ]
+        .into_iter()
+        .map(|(ggml_type, cols)| {
+            let blocks = random_blocks(ggml_type, ROWS, cols, 3);
+            let w = QuantMatrix::new(ggml_type, ROWS, cols, blocks).expect("whole blocks");
+            let mut rng = SplitMix64::new(5);
+            let x = (0..N * cols)
+                .map(|_| rng.standard_normal() as f32)
+                .collect();
+            let dy = (0..N * ROWS)
+                .map(|_| dy_value(rng.standard_normal() as f32))
+                .collect();
+            Case {
                 ggml_type,
-                rows,
-                cols,
-                random_blocks(ggml_type, rows, cols, 3),
-            )
-            .expect("whole blocks");
+                w,
+                x,
+                dy,
+            }
+        })
+        .collect()
+    }
+
+    /// `y = op(x, W)` and `dx` of `sum(y * dy)`.
+    fn run(case: &Case, op: impl Fn(Tensor<2>, &QuantMatrix) -> Tensor<2>) -> (Vec<f32>, Vec<f32>) {
+        let device = cpu_device(true);
+        let cols = case.w.dims()[1];
+        let x = trainable(float_tensor(case.x.clone(), [N, cols], &device));
+        let y = op(x.clone(), &case.w);
+        let dy = float_tensor(case.dy.clone(), [N, ROWS], &device);
+        let grads = run_backward(&(y.clone() * dy).sum());
+        let dx = grad(&x, &grads).expect("x gradient").into_vec();
+        (y.into_vec(), dx)
+    }
+
+    /// Forward and input gradient of the fused kernel against
+    /// dequantize-then-multiply, for every block type, with more rows than
+    /// one tile (the last one partial). Tolerance: the same f32 products
+    /// summed in another order (gemm's blocking vs burn's), 1e-5 of the
+    /// largest value.
+    #[test]
+    fn fused_matches_dequantize_then_multiply_for_every_block_type() {
+        use crate::kernels::test_util::assert_within;
+        for case in cases(|v| v) {
+            let ggml_type = case.ggml_type;
             assert!(
-                cols == 96 || tile_rows(&w) < rows,
+                case.w.dims()[1] == 96 || tile_rows(&case.w) < ROWS,
                 "{ggml_type:?}: one tile only"
             );
-            let n = 7;
-            let mut rng = SplitMix64::new(5);
-            let x: Vec<f32> = (0..n * cols)
-                .map(|_| rng.standard_normal() as f32)
-                .collect();
-            let dy: Vec<f32> = (0..n * rows)
-                .map(|_| rng.standard_normal() as f32)
-                .collect();
-            let run = |fused: bool| {
-                let x = trainable(float_tensor(x.clone(), [n, cols], &device));
-                let y = if fused {
-                    quant_linear(x.clone(), &w).expect("f32 on the CPU")
-                } else {
-                    composed_quant_linear(x.clone(), &w)
-                };
-                let dy = float_tensor(dy.clone(), [n, rows], &device);
-                let grads = run_backward(&(y.clone() * dy).sum());
-                let dx = grad(&x, &grads).expect("x gradient").into_vec();
-                (y.into_vec(), dx)
-            };
-            let ((y, dx), (y_ref, dx_ref)) = (run(true), run(false));
-            for (what, ours, theirs) in [("y", &y, &y_ref), ("dx", &dx, &dx_ref)] {
-                let scale = theirs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let diff = ours
-                    .iter()
-                    .zip(theirs.iter())
-                    .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-                assert!(
-                    diff <= 1e-5 * scale && scale > 0.0,
-                    "{ggml_type:?} {what}: max diff {diff:e} of scale {scale:e}"
-                );
-            }
+            let (y, dx) = run(&case, |x, w| quant_linear(x, w).expect("f32 on the CPU"));
+            let (y_ref, dx_ref) = run(&case, composed_quant_linear);
+            assert_within(&format!("{ggml_type:?} y"), &y, &y_ref, 1e-5);
+            assert_within(&format!("{ggml_type:?} dx"), &dx, &dx_ref, 1e-5);
+        }
+    }
+
+    /// The bf16 kernel against its oracle (dequantised, both operands
+    /// rounded, burn's f32 matmul, output rounded), for every block type,
+    /// with several tiles, `dy` rounded beforehand as the kernel rounds it.
+    /// `dx` sums the same exact products in another order: 1e-5 of the
+    /// largest value, as the f32 kernel's test. `y` is rounded in both:
+    /// equal but where a sum straddles a rounding tie (one bf16 step, 1e-2,
+    /// and at least 99% of the values equal). And rounding must show
+    /// against the f32 kernel.
+    #[test]
+    fn bf16_kernel_matches_its_rounded_oracle_for_every_block_type() {
+        use crate::kernels::bf16::rounded;
+        use crate::kernels::test_util::assert_within;
+        for case in cases(rounded) {
+            let ggml_type = case.ggml_type;
+            let (y, dx) = run(&case, |x, w| bf16_quant_linear(x, w).expect("CPU"));
+            let (y_ref, dx_ref) = run(&case, composed_bf16_quant_linear);
+            let (y32, _) = run(&case, |x, w| quant_linear(x, w).expect("CPU"));
+            assert_within(&format!("{ggml_type:?} bf16 y"), &y, &y_ref, 1e-2);
+            let exact = y.iter().zip(&y_ref).filter(|(a, b)| a == b).count();
+            assert!(
+                exact * 100 >= 99 * y.len(),
+                "{ggml_type:?} bf16 y: {exact} of {} equal",
+                y.len()
+            );
+            assert_within(&format!("{ggml_type:?} bf16 dx"), &dx, &dx_ref, 1e-5);
+            assert_ne!(y, y32, "{ggml_type:?}: rounding must show");
         }
     }
 

@@ -27,10 +27,12 @@ impl<'a> DecoderLayer<'a> {
     /// The layer over its block of parameters, which holds `tensors` in
     /// this order (`weights::table::layer_tensors` of `config`; `quantized`
     /// beside it: a projection's weight in GGUF blocks, if kept so), with
-    /// the LoRA adapter of each projection `adapter` gives.
+    /// the LoRA adapter of each projection `adapter` gives; under `--bf16`
+    /// (`bf16`) the dense projections multiply their copies in `bf16_copies`.
     pub fn new(
         params: &'a [Param],
         quantized: &'a [Option<QuantMatrix>],
+        bf16: bool,
         bf16_copies: &'a [Option<Arc<[bf16]>>],
         tensors: &[LayerTensor],
         config: &LlamaConfig,
@@ -53,7 +55,7 @@ impl<'a> DecoderLayer<'a> {
                 quantized.get(at).and_then(Option::as_ref),
                 adapter(target),
             )
-            .with_bf16_copy(bf16_copies.get(at).and_then(Option::as_ref))
+            .with_bf16(bf16, bf16_copies.get(at).and_then(Option::as_ref))
         };
         let eps = config.rms_norm_eps;
         Self {

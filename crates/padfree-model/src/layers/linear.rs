@@ -4,8 +4,8 @@ use half::bf16;
 
 use crate::error::ModelError;
 use crate::kernels::{
-    LoraLayer, bf16_linear, bf16_linear_storing_input, composed_quant_linear, fused_linear,
-    lora_linear, on_cpu, quant_linear,
+    LoraCopies, LoraLayer, bf16_linear, bf16_linear_storing_input, bf16_lora_linear,
+    bf16_quant_linear, composed_quant_linear, fused_linear, lora_linear, on_cpu, quant_linear,
 };
 use crate::lora::Adapter;
 use crate::tensor::Tensor;
@@ -22,8 +22,10 @@ pub struct Linear<'a> {
     /// placeholder and this is what multiplies.
     pub(crate) quantized: Option<&'a QuantMatrix>,
     pub(crate) adapter: Option<Adapter<'a>>,
-    /// `--bf16`: the weight's bf16 copy (made once per optimizer step);
-    /// the product then has bf16 operands.
+    /// `--bf16`: the products have bf16 operands.
+    pub(crate) bf16: bool,
+    /// `--bf16`: the dense weight's bf16 copy (made once per optimizer
+    /// step, or once for a frozen base); `None` for a base in GGUF blocks.
     pub(crate) bf16_copy: Option<&'a Arc<[bf16]>>,
 }
 
@@ -38,30 +40,46 @@ impl<'a> Linear<'a> {
             weight,
             quantized,
             adapter,
+            bf16: false,
             bf16_copy: None,
         }
     }
 
-    /// The same layer multiplying in bf16 with `copy` when there is one.
-    pub fn with_bf16_copy(mut self, copy: Option<&'a Arc<[bf16]>>) -> Self {
+    /// The same layer multiplying in bf16 (`bf16`), the dense weight from
+    /// `copy`.
+    pub fn with_bf16(mut self, bf16: bool, copy: Option<&'a Arc<[bf16]>>) -> Self {
+        self.bf16 = bf16;
         self.bf16_copy = copy;
         self
     }
 
     /// Whether the product has bf16 operands (`--bf16`).
     pub fn is_bf16(&self) -> bool {
-        self.bf16_copy.is_some()
+        self.bf16
+    }
+
+    /// The dense weight's bf16 copy; a layer set to bf16 without one is a
+    /// bug in the model.
+    fn copy(&self) -> Result<&'a Arc<[bf16]>, ModelError> {
+        self.bf16_copy.ok_or_else(|| ModelError::Config {
+            field: "bf16",
+            message: format!("`{}` has no bf16 copy", self.weight.name()),
+            hint: "this is a bug in padfree; please report it",
+        })
     }
 
     /// [`Self::forward`] for an input no other op keeps: under `--bf16`
     /// the layer keeps it for the backward pass as bf16 (half the memory).
     pub fn forward_storing_input(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
-        match self.bf16_copy {
-            Some(copy) if self.adapter.is_none() && self.quantized.is_none() => Ok(
-                bf16_linear_storing_input(x, self.weight.value.clone(), copy.clone())?,
-            ),
-            _ => self.forward(x),
+        if self.bf16 && self.adapter.is_none() && self.quantized.is_none() {
+            let copy = self.copy()?.clone();
+            return Ok(bf16_linear_storing_input(
+                x,
+                self.weight.value.clone(),
+                copy,
+            )?);
         }
+        self.forward(x)
     }
 
     /// `x W^T (+ the adapter's update)`: `[N, C] -> [N, O]`.
@@ -75,17 +93,32 @@ impl<'a> Linear<'a> {
                 b: adapter.b.value.clone(),
                 factors: adapter.factors(),
             };
-            return Ok(lora_linear(x, layer)?);
+            if !self.bf16 {
+                return Ok(lora_linear(x, layer)?);
+            }
+            let [a, b] = adapter.copies.ok_or_else(|| ModelError::Config {
+                field: "bf16",
+                message: format!("the adapter of `{}` has no bf16 copies", self.weight.name()),
+                hint: "this is a bug in padfree; please report it",
+            })?;
+            let copies = LoraCopies {
+                w: match self.quantized {
+                    Some(_) => None,
+                    None => Some(self.copy()?.clone()),
+                },
+                a: a.clone(),
+                b: b.clone(),
+            };
+            return Ok(bf16_lora_linear(x, layer, copies)?);
         }
         Ok(match self.quantized {
             // The fused dequantise-and-multiply kernel is the CPU's; a GPU
             // multiplies the dequantised weight.
+            Some(quantized) if self.bf16 => bf16_quant_linear(x, quantized)?,
             Some(quantized) if on_cpu(&x.device()) => quant_linear(x, quantized)?,
             Some(quantized) => composed_quant_linear(x, quantized),
-            None => match self.bf16_copy {
-                Some(copy) => bf16_linear(x, self.weight.value.clone(), copy.clone())?,
-                None => fused_linear(x, self.weight.value.clone())?,
-            },
+            None if self.bf16 => bf16_linear(x, self.weight.value.clone(), self.copy()?.clone())?,
+            None => fused_linear(x, self.weight.value.clone())?,
         })
     }
 }

@@ -19,6 +19,9 @@
 
 pub mod peft;
 
+use std::sync::Arc;
+
+use half::bf16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -28,7 +31,8 @@ use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::kernels::LoraFactors;
 use crate::kernels::dropout::{DropoutMask, mix};
-use crate::tensor::{Device, float_tensor, trainable};
+use crate::precision::Bf16Weights;
+use crate::tensor::{Device, Tensor, float_tensor, trainable};
 use crate::weights::table::{LayerTensor, Param};
 
 /// A linear layer of a decoder layer that may carry an adapter, by PEFT's
@@ -258,6 +262,9 @@ pub(crate) struct Lora {
     pub(crate) dropout_seed: Option<u64>,
     /// The base model, as PEFT's `base_model_name_or_path` names it.
     pub(crate) base: String,
+    /// `--bf16`: the bf16 copies of `params` (every `A` and `B`), made once
+    /// per optimizer step.
+    pub(crate) bf16: Option<Bf16Weights>,
 }
 
 /// PEFT's tensor name of `A` (`lora_A`) or `B` (`lora_B`).
@@ -333,6 +340,7 @@ impl Lora {
             params,
             dropout_seed: None,
             base: String::new(),
+            bf16: None,
         })
     }
 
@@ -350,12 +358,26 @@ impl Lora {
             }),
             _ => None,
         };
+        let copies = self
+            .bf16
+            .as_ref()
+            .and_then(|copies| Some([copies.get(at)?, copies.get(at + 1)?]));
         Some(Adapter {
             a: self.params.get(at)?,
             b: self.params.get(at + 1)?,
             scale: self.config.scale(),
             dropout,
+            copies,
         })
+    }
+
+    /// Makes the bf16 copies of every `A` and `B` again (`--bf16`): when
+    /// bf16 is switched on, then after every optimizer step.
+    pub(crate) fn refresh_bf16(&mut self) {
+        let params: Vec<&Tensor<2>> = self.params.iter().map(|p| &p.value).collect();
+        self.bf16
+            .get_or_insert_with(Bf16Weights::default)
+            .refresh(&params, |_| true);
     }
 }
 
@@ -370,6 +392,8 @@ pub struct Adapter<'a> {
     pub(crate) scale: f32,
     /// The mask of this pass, when training with dropout.
     pub(crate) dropout: Option<DropoutMask>,
+    /// `--bf16`: the bf16 copies of `A` and `B`.
+    pub(crate) copies: Option<[&'a Arc<[bf16]>; 2]>,
 }
 
 impl Adapter<'_> {
