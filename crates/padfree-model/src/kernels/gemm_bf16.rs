@@ -462,10 +462,14 @@ fn packed(dst: &mut [f32], row_stride: usize, a: View16<'_>, b: View16<'_>, writ
             let mc = mc_max.min(m - i0);
             let mut a_pack = Vec::new();
             // SAFETY: `packed` runs only where `has_avx512_bf16()` holds.
-            with_values!(a.values, v => unsafe {
+            let layout = with_values!(a.values, v => unsafe {
                 pack_a_avx512(v, a, (i0, mc), (k0, kc), &mut a_pack)
             });
-            tiles(&a_pack, b_pack, mc, n, kc, rows, row_stride, add, factor);
+            let out = (rows, row_stride, add, factor);
+            match layout {
+                Layout::Rows => tiles::<true>(&a_pack, b_pack, mc, n, kc, out),
+                Layout::Panels => tiles::<false>(&a_pack, b_pack, mc, n, kc, out),
+            }
         };
         let region = &mut dst[..region];
         if parallel {
@@ -522,9 +526,25 @@ fn scatter<const WIDTH: usize>(line: &[u32], panel: &mut [u32], slot: usize) {
     }
 }
 
+/// How [`pack_a`] laid out a row block: either way `MR` rows of the block
+/// take `pairs * MR` consecutive values, so a panel is the same slice.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// `[row][pair]`: each row's pairs in order, as a row-major bf16 `A`
+    /// already holds them. The micro-kernel reads row `i`'s pair `p` at
+    /// `i * pairs + p`.
+    Rows,
+    /// `[panel][pair][MR]`: the `MR` rows' pair `p` side by side (BLIS's
+    /// packing), read at `p * MR + i`.
+    Panels,
+}
+
 /// Rows `i0..i0 + mc`, K `k0..k0 + kc` of `a` (whose values are `v`) as
-/// panels of `MR` rows: `[panel][pair][MR]` pairs of bf16 (even K in the
-/// low half), zeros past the edges.
+/// pairs of bf16 (even K in the low half), zeros past the edges, in the
+/// [`Layout`] that reads `a` in order: rows for an `A` contiguous along K
+/// (`x`: each row converted in one vectorised pass, no scatter into
+/// panels, whose stores were most of this function's time), panels
+/// otherwise.
 #[inline(always)]
 fn pack_a<E: Element>(
     v: &[E],
@@ -534,46 +554,54 @@ fn pack_a<E: Element>(
     k0: usize,
     kc: usize,
     out: &mut Vec<u32>,
-) {
+) -> Layout {
     let pairs = kc.div_ceil(2);
     out.clear();
     out.resize(mc.div_ceil(MR) * pairs * MR, 0);
-    let mut line = vec![0u32; pairs];
-    {
-        for (panel, dst) in out.chunks_mut(pairs * MR).enumerate() {
-            let first = i0 + panel * MR;
-            let rows = MR.min(mc - panel * MR);
-            if a.col_stride == 1 {
-                // Rows contiguous along K: a row's pairs, then into the panel.
-                for r in 0..rows {
-                    let from = (first + r) * a.row_stride + k0;
-                    pairs_of(&v[from..from + kc], &mut line);
-                    scatter::<MR>(&line, dst, r);
-                }
-            } else if a.row_stride == 1 {
-                // Columns contiguous along M (`dy^T`): two K lines at a time.
-                for (p, group) in dst.chunks_exact_mut(MR).enumerate() {
-                    let from = (k0 + 2 * p) * a.col_stride + first;
-                    let hi = (2 * p + 1 < kc)
-                        .then(|| &v[from + a.col_stride..from + a.col_stride + rows]);
-                    interleave(&v[from..from + rows], hi, &mut group[..rows]);
-                }
-            } else {
-                for r in 0..rows {
-                    for p in 0..pairs {
-                        let at = |k: usize| (first + r) * a.row_stride + k * a.col_stride;
-                        let k = k0 + 2 * p;
-                        let hi = if 2 * p + 1 < kc {
-                            v[at(k + 1)].bits()
-                        } else {
-                            0
-                        };
-                        dst[p * MR + r] = v[at(k)].bits() | (hi << 16);
-                    }
-                }
+    if a.col_stride == 1 {
+        for (r, line) in out.chunks_exact_mut(pairs).take(mc).enumerate() {
+            let from = (i0 + r) * a.row_stride + k0;
+            pairs_of(&v[from..from + kc], line);
+        }
+        return Layout::Rows;
+    }
+    if a.col_stride != 1 && a.row_stride == 1 {
+        // Columns contiguous along M (`dy^T`, K the tokens): two K lines at
+        // a time, each read once across the whole block, then cut into the
+        // panels. A panel at a time would read `MR` values of each line,
+        // one page apart for a wide `dy`: TLB misses dominated the pack.
+        for p in 0..pairs {
+            let from = (k0 + 2 * p) * a.col_stride + i0;
+            let lo = &v[from..from + mc];
+            let hi = (2 * p + 1 < kc).then(|| &v[from + a.col_stride..from + a.col_stride + mc]);
+            for (panel, dst) in out.chunks_exact_mut(pairs * MR).enumerate() {
+                let (r0, rows) = (panel * MR, MR.min(mc - panel * MR));
+                interleave(
+                    &lo[r0..r0 + rows],
+                    hi.map(|hi| &hi[r0..r0 + rows]),
+                    &mut dst[p * MR..p * MR + rows],
+                );
+            }
+        }
+        return Layout::Panels;
+    }
+    // Neither stride 1: value by value.
+    for (panel, dst) in out.chunks_mut(pairs * MR).enumerate() {
+        let first = i0 + panel * MR;
+        for r in 0..MR.min(mc - panel * MR) {
+            for p in 0..pairs {
+                let at = |k: usize| (first + r) * a.row_stride + k * a.col_stride;
+                let k = k0 + 2 * p;
+                let hi = if 2 * p + 1 < kc {
+                    v[at(k + 1)].bits()
+                } else {
+                    0
+                };
+                dst[p * MR + r] = v[at(k)].bits() | (hi << 16);
             }
         }
     }
+    Layout::Panels
 }
 
 /// K `k0..k0 + kc` of every column of `b` (whose values are `v`) as panels
@@ -655,8 +683,8 @@ unsafe fn pack_a_avx512<E: Element>(
     (i0, mc): (usize, usize),
     (k0, kc): (usize, usize),
     out: &mut Vec<u32>,
-) {
-    pack_a(v, a, i0, mc, k0, kc, out);
+) -> Layout {
+    pack_a(v, a, i0, mc, k0, kc, out)
 }
 
 /// [`pack_b_panel`] compiled for AVX-512.
@@ -676,18 +704,15 @@ unsafe fn pack_b_panel_avx512<E: Element>(
 }
 
 /// Every micro-tile of one row block: `rows` holds the block's output rows
-/// (`row_stride` apart; the last may be short).
-#[allow(clippy::too_many_arguments)]
-fn tiles(
+/// (`row_stride` apart; the last may be short), `a_pack` the block in the
+/// layout `ROWS` names ([`Layout::Rows`] when true).
+fn tiles<const ROWS: bool>(
     a_pack: &[u32],
     b_pack: &[u32],
     mc: usize,
     n: usize,
     kc: usize,
-    rows: &mut [f32],
-    row_stride: usize,
-    add: bool,
-    factor: f32,
+    (rows, row_stride, add, factor): (&mut [f32], usize, bool, f32),
 ) {
     let pairs = kc.div_ceil(2);
     let mut tile = [0.0f32; MR * NR];
@@ -699,7 +724,7 @@ fn tiles(
             let (row0, mr) = (panel_i * MR, MR.min(mc - panel_i * MR));
             let start = row0 * row_stride + col0;
             if mr == MR && nc == NR {
-                micro_tile(
+                micro_tile::<ROWS>(
                     a_panel,
                     b_panel,
                     &mut rows[start..start + (MR - 1) * row_stride + NR],
@@ -708,7 +733,7 @@ fn tiles(
                     factor,
                 );
             } else {
-                micro_tile(a_panel, b_panel, &mut tile, NR, false, 1.0);
+                micro_tile::<ROWS>(a_panel, b_panel, &mut tile, NR, false, 1.0);
                 for r in 0..mr {
                     let out = &mut rows[start + r * row_stride..start + r * row_stride + nc];
                     for (o, &v) in out.iter_mut().zip(&tile[r * NR..r * NR + nc]) {
@@ -721,12 +746,20 @@ fn tiles(
 }
 
 /// One `MR x NR` tile: `dst` (rows `ldc` apart) set to `a b` or `factor a b`
-/// added to it; `a` and `b` packed panels of the same number of pairs.
+/// added to it; `a` (`MR` rows, laid out as `ROWS` says) and `b` packed
+/// panels of the same number of pairs.
 ///
 /// # Panics
 /// When the panels or `dst` are too short (a bug in the caller).
 #[inline]
-fn micro_tile(a: &[u32], b: &[u32], dst: &mut [f32], ldc: usize, add: bool, factor: f32) {
+fn micro_tile<const ROWS: bool>(
+    a: &[u32],
+    b: &[u32],
+    dst: &mut [f32],
+    ldc: usize,
+    add: bool,
+    factor: f32,
+) {
     let pairs = a.len() / MR;
     assert!(
         a.len() == pairs * MR && b.len() == pairs * NR && dst.len() > (MR - 1) * ldc + NR - 1,
@@ -738,10 +771,11 @@ fn micro_tile(a: &[u32], b: &[u32], dst: &mut [f32], ldc: usize, add: bool, fact
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `packed` runs only where `has_avx512_bf16()` holds; the
-        // lengths were checked above: `pairs * MR` and `pairs * NR` values
-        // are read, `MR` rows of `NR` values `ldc` apart are written.
+        // lengths were checked above: `pairs * MR` values of `a` (either
+        // layout), `pairs * NR` of `b` are read, `MR` rows of `NR` values
+        // `ldc` apart are written.
         unsafe {
-            micro_avx512_bf16(
+            micro_avx512_bf16::<ROWS>(
                 pairs,
                 a.as_ptr(),
                 b.as_ptr(),
@@ -760,11 +794,11 @@ fn micro_tile(a: &[u32], b: &[u32], dst: &mut [f32], ldc: usize, add: bool, fact
 }
 
 /// # Safety
-/// The CPU has AVX512F and AVX512-BF16; `a` holds `pairs * MR` and `b`
-/// `pairs * NR` values; `c` is valid for `MR` rows of `NR` values `ldc` apart.
+/// The CPU has AVX512F and AVX512-BF16; `a` holds `pairs * MR` (either
+/// layout) and `b` `pairs * NR` values; `c` is valid for `MR` rows of `NR` values `ldc` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn micro_avx512_bf16(
+unsafe fn micro_avx512_bf16<const ROWS: bool>(
     pairs: usize,
     a: *const u32,
     b: *const u32,
@@ -784,9 +818,15 @@ unsafe fn micro_avx512_bf16(
         for p in 0..pairs {
             let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(p * NR).cast()));
             let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(p * NR + 16).cast()));
-            let ap = a.add(p * MR);
+            // Row `i`'s pair `p`: `[row][pair]` or `[pair][MR]`.
+            let (ap, step) = if ROWS {
+                (a.add(p), pairs)
+            } else {
+                (a.add(p * MR), 1)
+            };
             for (i, row) in acc.iter_mut().enumerate() {
-                let pair: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+                let value = *ap.add(i * step) as i32;
+                let pair: __m512bh = std::mem::transmute(_mm512_set1_epi32(value));
                 row[0] = _mm512_dpbf16_ps(row[0], pair, b0);
                 row[1] = _mm512_dpbf16_ps(row[1], pair, b1);
             }
