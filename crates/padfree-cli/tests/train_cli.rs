@@ -819,3 +819,80 @@ fn bf16_trains_says_so_and_checks() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("precision: bf16 matmuls ("), "{stdout}");
 }
+
+/// `--prompt-template` trains on a number field as the file writes it: a
+/// record with a 23-digit integer, trailing zeros, exponents and negative
+/// numbers trains to bit-equal losses with the same text written out by
+/// hand as `{prompt, completion}` (once the template printed
+/// `1.2345678901234568e+22`, `0.5`, `100.0`: other tokens, other losses).
+#[test]
+fn a_prompt_template_trains_on_numbers_as_the_file_writes_them() {
+    let dir_guard = scratch("template-numbers");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
+    let numbers = [
+        "12345678901234567890123",
+        "0.50",
+        "2.500",
+        "1e2",
+        "-3",
+        "-0.25e-3",
+        "6.02E+23",
+        "-0",
+    ];
+    let (mut templated, mut by_hand) = (String::new(), String::new());
+    for (i, number) in numbers.iter().enumerate() {
+        let question = format!("What is {i} more than the number?");
+        templated.push_str(&format!(
+            "{{\"big\": {number}, \"question\": \"{question}\", \"answer\": \"{i}\"}}\n"
+        ));
+        by_hand.push_str(&format!(
+            "{{\"prompt\": \"big={number} {question}\", \"completion\": \"{i}\"}}\n"
+        ));
+    }
+    let losses = |name: &str, text: &str, extra: &[&str]| {
+        let data = dir.join(format!("{name}.jsonl"));
+        std::fs::write(&data, text).expect("write data");
+        let out = dir.join(name);
+        let mut args = vec![
+            "train",
+            "--config",
+            &config,
+            "--data",
+            data.to_str().expect("utf-8"),
+            "--max-steps",
+            "2",
+            "--per-device-train-batch-size",
+            "4",
+            "--logging-steps",
+            "1",
+            "--save-strategy",
+            "no",
+            "--output-dir",
+            out.to_str().expect("utf-8"),
+        ];
+        args.extend(extra);
+        let output = padfree(&args);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).expect("metrics");
+        metrics
+            .lines()
+            .map(|line| {
+                let row: serde_json::Value = serde_json::from_str(line).expect("json");
+                row["loss"].as_f64().expect("loss").to_bits()
+            })
+            .collect::<Vec<_>>()
+    };
+    let templated = losses(
+        "templated",
+        &templated,
+        &[
+            "--prompt-template",
+            "big={big} {question}",
+            "--completion-field",
+            "answer",
+        ],
+    );
+    assert_eq!(templated.len(), 2);
+    assert_eq!(templated, losses("by-hand", &by_hand, &[]));
+}

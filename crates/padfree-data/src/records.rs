@@ -1,5 +1,7 @@
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::DataError;
@@ -255,7 +257,7 @@ fn read_jsonl(
             )
         })?;
         let (record, unused_text_fields) =
-            record_from_value(value, fields).map_err(|(m, h)| fail(m, &h))?;
+            record_from_value(value, text, fields).map_err(|(m, h)| fail(m, &h))?;
         records.push(SourceRecord {
             location,
             record,
@@ -283,7 +285,9 @@ fn read_json_array(
             "re-encode the file as UTF-8",
         )
     })?;
-    let values: Vec<Value> = serde_json::from_str(text).map_err(|err| {
+    // Each element's own text is kept beside its value: a template renders
+    // numbers as the file writes them (see `render_template`).
+    let elements: Vec<&RawValue> = serde_json::from_str(text).map_err(|err| {
         record_error(
             path,
             &format!("line {}", err.line()),
@@ -291,12 +295,21 @@ fn read_json_array(
             "a .json dataset must be one array of objects; use JSONL for one object per line",
         )
     })?;
-    values
+    elements
         .into_iter()
         .enumerate()
-        .map(|(index, value)| {
+        .map(|(index, element)| {
             let location = format!("element {index}");
-            let (record, unused_text_fields) = record_from_value(value, fields)
+            let source = element.get();
+            let value: Value = serde_json::from_str(source).map_err(|err| {
+                record_error(
+                    path,
+                    &location,
+                    format!("not valid JSON: {err}"),
+                    "a .json dataset must be one array of objects",
+                )
+            })?;
+            let (record, unused_text_fields) = record_from_value(value, source, fields)
                 .map_err(|(m, h)| record_error(path, &location, m, &h))?;
             Ok(SourceRecord {
                 location,
@@ -320,15 +333,20 @@ type Refusal = (String, String);
 
 const SHAPES_HINT: &str = "records must be {prompt, completion}, {question, answer}, {instruction, input, output}, {messages: [{role, content}]}, {text} or {input_ids, labels}; name other fields with --prompt-field/--completion-field/--messages-field/--dataset-text-field, or build the prompt from several with --prompt-template";
 
-/// The record, and the text fields it holds that its shape leaves unused.
-fn record_from_value(value: Value, fields: &FieldNames) -> Result<(Record, Vec<String>), Refusal> {
+/// The record, and the text fields it holds that its shape leaves unused;
+/// `source` is the record's JSON text, as the file holds it.
+fn record_from_value(
+    value: Value,
+    source: &str,
+    fields: &FieldNames,
+) -> Result<(Record, Vec<String>), Refusal> {
     let Value::Object(object) = value else {
         return Err((
             format!("expected a JSON object, found {}", json_kind(&value)),
             SHAPES_HINT.into(),
         ));
     };
-    let (record, used) = record_from_object(&object, fields)?;
+    let (record, used) = record_from_object(&object, source, fields)?;
     if matches!(record, Record::Tokenized { .. }) {
         return Ok((record, Vec::new()));
     }
@@ -430,13 +448,36 @@ fn field_names(pieces: &[Piece]) -> Vec<String> {
 }
 
 /// A template's pieces with every field replaced by the record's value.
-fn render_template(object: &Map<String, Value>, pieces: Vec<Piece>) -> Result<String, Refusal> {
+///
+/// A number is rendered as `source` (the record's JSON text) writes it:
+/// `0.50`, `1e2`, `-0` and a 23-digit integer stay as they are, where the
+/// parsed value would print `0.5`, `100.0`, `-0.0` and
+/// `1.2345678901234568e22`.
+fn render_template(
+    object: &Map<String, Value>,
+    source: &str,
+    pieces: Vec<Piece>,
+) -> Result<String, Refusal> {
+    // The top-level fields' texts, parsed once a number needs one.
+    let mut raw: Option<HashMap<String, &RawValue>> = None;
     let mut out = String::new();
     for piece in pieces {
         match piece {
             Piece::Text(text) => out.push_str(&text),
             Piece::Field(name) => match object.get(&name) {
-                Some(Value::Number(number)) => out.push_str(&number.to_string()),
+                Some(Value::Number(number)) => {
+                    if raw.is_none() {
+                        raw = serde_json::from_str(source).ok();
+                    }
+                    // The value itself should the text not parse as a map
+                    // (it did parse as one moments ago).
+                    let written = raw
+                        .as_ref()
+                        .and_then(|fields| fields.get(&name))
+                        .map(|text| text.get().to_owned())
+                        .unwrap_or_else(|| number.to_string());
+                    out.push_str(&written);
+                }
                 _ => out.push_str(&string_field(object, &name).map_err(|(m, _)| {
                     (
                         format!("--prompt-template: {m}"),
@@ -458,6 +499,7 @@ fn render_template(object: &Map<String, Value>, pieces: Vec<Piece>) -> Result<St
 /// The record `object` holds, and the names of the fields it was read from.
 fn record_from_object(
     object: &Map<String, Value>,
+    source: &str,
     fields: &FieldNames,
 ) -> Result<(Record, Vec<String>), Refusal> {
     let from = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
@@ -467,7 +509,7 @@ fn record_from_object(
         let mut read = field_names(&pieces);
         read.push(completion.clone());
         let record = Record::PromptCompletion {
-            prompt: render_template(object, pieces)?,
+            prompt: render_template(object, source, pieces)?,
             completion: text_field(object, completion)?,
         };
         return Ok((record, read));

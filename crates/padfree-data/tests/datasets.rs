@@ -417,6 +417,38 @@ fn a_prompt_template_builds_the_prompt_from_several_fields() {
     }
 }
 
+/// A template renders a number field as the file writes it, in JSONL and
+/// in a JSON array alike: a 23-digit integer, trailing zeros, exponents,
+/// negative numbers and `-0` (the parsed f64 would print
+/// `1.2345678901234568e22`, `0.5`, `100.0`, ...).
+#[test]
+fn a_prompt_template_renders_numbers_as_the_file_writes_them() {
+    let fields = FieldNames {
+        prompt_template: Some("{a} {b} {c} {d} {e} {f} {g}: {q}".into()),
+        completion: Some("answer".into()),
+        ..FieldNames::default()
+    };
+    let numbers = r#""a": 12345678901234567890123, "b": 0.50, "c": 2.500, "d": 1e2, "e": -7, "f": -0, "g": 6.02E+23"#;
+    let written = "12345678901234567890123 0.50 2.500 1e2 -7 -0 6.02E+23: how many?";
+    let record = format!(r#"{{{numbers}, "q": "how many?", "answer": "x"}}"#);
+    for (path, text) in [
+        ("numbers.jsonl", format!("{record}\n")),
+        ("numbers.json", format!("[\n  {record},\n  {record}\n]\n")),
+    ] {
+        let records = read_records_from_str(Path::new(path), &text, &fields).expect("reads");
+        for source in &records {
+            assert_eq!(
+                source.record,
+                Record::PromptCompletion {
+                    prompt: written.into(),
+                    completion: "x".into(),
+                },
+                "{path}"
+            );
+        }
+    }
+}
+
 #[test]
 fn one_token_examples_are_refused_with_a_hint_that_fits() {
     let tokenizer = shipped_tokenizer();
