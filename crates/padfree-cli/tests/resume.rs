@@ -410,3 +410,62 @@ fn a_run_resumed_into_another_directory_keeps_its_best_model_where_it_is() {
         "{stdout}"
     );
 }
+
+/// The epoch of a step is the fraction of the epoch's examples trained so
+/// far, continuous across a resume that re-plans the rest of the epoch for
+/// another accumulation: 40 examples in micro-batches of 2, 2 a step (10
+/// steps an epoch), resumed after step 3 (12 examples: 0.3) with 1 a step.
+/// By steps, step 4 logged 4/17 = 0.235 (3 earlier steps plus 14 new ones
+/// in the epoch): backwards.
+#[test]
+fn the_epoch_stays_continuous_across_a_re_planned_resume() {
+    let dir_guard = scratch("epoch-replanned");
+    let dir = dir_guard.path();
+    let out = dir.join("out");
+    let mut args = overfitting_args(
+        dir,
+        &out,
+        &[
+            "--gradient-accumulation-steps",
+            "2",
+            "--num-train-epochs",
+            "2",
+        ],
+    );
+    let at = args.iter().position(|a| a == "--max-steps").expect("flag");
+    args.drain(at..at + 2);
+    let args = set(args, "--per-device-train-batch-size", "2");
+    let args = set(set(args, "--logging-steps", "1"), "--save-steps", "3");
+    // The whole run with accumulation 2, then from its checkpoint-3 with 1.
+    succeeds(&args);
+    let resumed_out = dir.join("resumed");
+    let again = set(args, "--output-dir", &resumed_out.display().to_string());
+    let again = set(
+        resume_from(again, &out.join("checkpoint-3")),
+        "--gradient-accumulation-steps",
+        "1",
+    );
+    succeeds(&again);
+    let metrics = std::fs::read_to_string(resumed_out.join("metrics.jsonl")).expect("metrics");
+    let epochs: Vec<(u64, f64)> = metrics
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("json"))
+        .filter(|row| row.get("loss").is_some())
+        .map(|row| {
+            let step = row["step"].as_u64().expect("step");
+            (step, row["epoch"].as_f64().expect("epoch"))
+        })
+        .collect();
+    // 3 steps of 4 examples, then 14 of 2 to the end of epoch 0, 20 of 2
+    // in epoch 1.
+    assert_eq!(epochs.len(), 3 + 14 + 20, "{epochs:?}");
+    for (i, &(step, epoch)) in epochs.iter().enumerate() {
+        assert_eq!(step, i as u64 + 1, "{epochs:?}");
+        let examples = if i < 3 { 4 * (i + 1) } else { 12 + 2 * (i - 2) };
+        let want = examples as f64 / 40.0;
+        assert!(
+            (epoch - want).abs() < 1e-9,
+            "step {step}: epoch {epoch}, want {want}"
+        );
+    }
+}

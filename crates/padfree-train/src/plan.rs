@@ -32,6 +32,12 @@ pub struct PlannedStep {
     pub index_in_epoch: usize,
     /// Steps in this epoch.
     pub steps_in_epoch: usize,
+    /// Examples of this epoch trained by the end of this step (this
+    /// step's included), whatever layouts the epoch's steps were planned
+    /// for.
+    pub examples_through: usize,
+    /// Examples in an epoch (every epoch trains each example once).
+    pub epoch_examples: usize,
     /// `[W]`: every rank's micro-batches (example indices), in order; at
     /// most `A` each, fewer (or none) only in an epoch's last step.
     pub ranks: Vec<Vec<Vec<usize>>>,
@@ -54,9 +60,14 @@ impl PlannedStep {
         self.all_batches().flatten().copied().collect()
     }
 
-    /// The epoch as HF logs it: fractional, reaching `e + 1` at the epoch's last step.
+    /// The epoch, fractional: `e` plus the fraction of the epoch's examples
+    /// trained by the end of this step, reaching `e + 1` at the epoch's last
+    /// step. HF logs the fraction of the epoch's steps, which is the same
+    /// when every step holds as many examples; by examples it also stays
+    /// continuous when a resume re-plans the rest of an epoch for another
+    /// layout (by steps it went from 3/9 back to 4/14).
     pub fn epoch_progress(&self) -> f64 {
-        self.epoch as f64 + (self.index_in_epoch + 1) as f64 / self.steps_in_epoch as f64
+        self.epoch as f64 + self.examples_through as f64 / self.epoch_examples.max(1) as f64
     }
 
     /// Whether this step ends its epoch.
@@ -175,6 +186,7 @@ impl TrainPlan {
                 break;
             }
         }
+        count_examples(&mut steps, lengths.len());
         Ok(Self { steps, packing })
     }
 
@@ -305,6 +317,20 @@ fn multipack_epoch(
     Ok((ranks_per_step, *plan.report()))
 }
 
+/// Each step's `examples_through` and `epoch_examples`.
+fn count_examples(steps: &mut [PlannedStep], epoch_examples: usize) {
+    let mut through = 0;
+    let mut epoch = None;
+    for step in steps {
+        if epoch != Some(step.epoch) {
+            (epoch, through) = (Some(step.epoch), 0);
+        }
+        through += step.all_batches().map(Vec::len).sum::<usize>();
+        step.examples_through = through;
+        step.epoch_examples = epoch_examples;
+    }
+}
+
 fn into_steps(ranks_per_step: Vec<RankBatches>, epoch: usize) -> Vec<PlannedStep> {
     let steps_in_epoch = ranks_per_step.len();
     ranks_per_step
@@ -314,6 +340,9 @@ fn into_steps(ranks_per_step: Vec<RankBatches>, epoch: usize) -> Vec<PlannedStep
             epoch,
             index_in_epoch,
             steps_in_epoch,
+            // Counted once the plan is whole (`count_examples`).
+            examples_through: 0,
+            epoch_examples: 0,
             ranks,
         })
         .collect()
@@ -431,7 +460,8 @@ mod tests {
         }
     }
 
-    /// Every epoch of `plan` trains every example of `0..n` once.
+    /// Every epoch of `plan` trains every example of `0..n` once, and its
+    /// fractional epoch rises step by step to `e + 1`.
     fn assert_each_epoch_whole(plan: &TrainPlan, n: usize, epochs: usize) {
         for epoch in 0..epochs {
             let steps: Vec<&PlannedStep> =
@@ -443,6 +473,12 @@ mod tests {
                 assert_eq!(step.index_in_epoch, index, "epoch {epoch}");
                 assert_eq!(step.steps_in_epoch, steps.len(), "epoch {epoch}");
             }
+            let progress: Vec<f64> = steps.iter().map(|s| s.epoch_progress()).collect();
+            assert!(
+                progress.windows(2).all(|w| w[0] < w[1]) && progress[0] > epoch as f64,
+                "epoch {epoch}: {progress:?}"
+            );
+            assert_eq!(progress.last().copied(), Some(epoch as f64 + 1.0));
         }
     }
 
@@ -467,6 +503,10 @@ mod tests {
         let second = multipack(80, 3, 1);
         let resumed = TrainPlan::with_history(&lengths, &second, &history).expect("plans");
         assert_same_batches(&resumed.steps()[..cut], &plain.steps()[..cut]);
+        // The earlier steps' epochs are the ones they were logged with.
+        for (ours, theirs) in resumed.steps()[..cut].iter().zip(plain.steps()) {
+            assert_eq!(ours.epoch_progress(), theirs.epoch_progress());
+        }
         assert!(resumed.steps()[cut..].iter().all(|s| s.ranks.len() == 3));
         assert_each_epoch_whole(&resumed, lengths.len(), 2);
         let fresh = TrainPlan::new(&lengths, &second).expect("plans");
