@@ -8,7 +8,6 @@
 
 mod allocator;
 mod args;
-mod clock;
 mod commands;
 mod ranks;
 

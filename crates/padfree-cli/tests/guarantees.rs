@@ -181,6 +181,20 @@ fn resuming_into_the_checkpoint_itself_is_refused_and_leaves_it_intact() {
             && message.contains("checkpoints here: checkpoint-2, checkpoint-4"),
         "{message}"
     );
+    // A directory that does not exist is said to be missing, and only that.
+    let missing = dir.join("no-such-checkpoint");
+    let output = run(&with(
+        train_args(&config, &data, &dir.join("other"), 5, 2),
+        &["--resume-from-checkpoint", &missing.display().to_string()],
+    ));
+    let message = stderr(&output);
+    assert!(
+        message.contains(&format!(
+            "{}: the directory does not exist\nHINT: give a checkpoint-N directory",
+            missing.display()
+        )) && !message.contains("lacks"),
+        "{message}"
+    );
     // Another model than the checkpoint's is refused, not ignored.
     let mut other_model = train_args("small", &data, &dir.join("other"), 5, 2);
     other_model.extend([
@@ -287,11 +301,18 @@ fn two_runs_into_one_directory_the_second_is_refused_naming_the_first() {
     first.wait().ok();
     assert!(!output.status.success());
     let message = stderr(&output);
+    // Its process, host and start as a UTC time (once a count of seconds).
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    let named = format!(
+        "another padfree run is writing here (process {} on {}, since 20",
+        first.id(),
+        host.trim()
+    );
+    let since = message
+        .find(&named)
+        .map(|at| &message[at + named.len() - 2..]);
     assert!(
-        message.contains(&format!(
-            "another padfree run is writing here (process {}",
-            first.id()
-        )),
+        since.is_some_and(|since| since.len() > 24 && since[..24].ends_with(" UTC)")),
         "{message}"
     );
     // Once the first is gone, the lock goes with it.

@@ -280,6 +280,15 @@ fn bad_lora_flags_are_refused_by_name() {
             "--lora-dropout",
         ),
         (&["--lora-r", "8"][..], "--use-peft"),
+        (
+            &["--use-peft", "--lora-target-modules", "all-linear,q_proj"][..],
+            "--lora-target-modules: `all-linear` stands alone in `all-linear,q_proj`",
+        ),
+        // Wider than `tiny`'s v_proj (2 kv heads of 16): named by its flag.
+        (
+            &["--use-peft", "--lora-r", "64"][..],
+            "--lora-r: rank 64 is not between 1 and the width of the narrowest targeted layer, 32\nHINT: give --lora-r between 1",
+        ),
     ] {
         let mut args = vec![
             "train",
@@ -298,7 +307,26 @@ fn bad_lora_flags_are_refused_by_name() {
             "{flags:?}: {}",
             stderr(&output)
         );
+        assert!(!stderr(&output).contains("config field"), "{flags:?}");
     }
+    // `-0` is 0, not "dropout -0".
+    let output = padfree(&[
+        "train",
+        "--config",
+        "tiny",
+        "--data",
+        &data,
+        "--output-dir",
+        &out,
+        "--max-steps",
+        "1",
+        "--use-peft",
+        "--lora-dropout",
+        "-0",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout.contains(", dropout 0, on "), "{stdout}");
 }
 
 /// QLoRA on SmolLM2-135M from its Q4_1 GGUF: adapters on every linear
@@ -452,4 +480,59 @@ fn bench_trains_adapters_and_exports_them_for_peft() {
     )
     .expect("json");
     assert_eq!(settings["adapter"], "adapter");
+}
+
+/// Resuming a LoRA checkpoint: other LoRA flags are named with the
+/// checkpoint's values (once the two configs were printed as Rust
+/// structs), a missing `--use-peft` is said as such, and a preset's
+/// checkpoint resumed without `--config` takes the base its
+/// adapter_config.json names (once the default preset was loaded and the
+/// adapters' shapes refused), ending with the uninterrupted run's adapter.
+#[test]
+fn a_lora_checkpoint_resumes_without_its_base_flag_and_names_other_flags() {
+    let dir_guard = scratch("lora-resume-flags");
+    let dir = dir_guard.path();
+    let data = random_ids(&dir.join("train.jsonl"), 40, 3);
+    let whole = dir.join("whole");
+    succeeds(&lora_args(&data, &whole));
+    let checkpoint = whole.join("checkpoint-4").display().to_string();
+    let resumed = |name: &str, edit: &dyn Fn(&mut Vec<String>)| {
+        let mut args = lora_args(&data, &dir.join(name));
+        edit(&mut args);
+        args.extend(["--resume-from-checkpoint".to_owned(), checkpoint.clone()]);
+        padfree(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let set = |args: &mut Vec<String>, flag: &str, value: &str| {
+        let at = args.iter().position(|a| a == flag).expect("flag");
+        args[at + 1] = value.to_owned();
+    };
+    let drop_flag = |args: &mut Vec<String>, flag: &str, values: usize| {
+        let at = args.iter().position(|a| a == flag).expect("flag");
+        args.drain(at..=at + values);
+    };
+    let output = resumed("other-r", &|args| set(args, "--lora-r", "8"));
+    let err = stderr(&output);
+    assert!(
+        !output.status.success()
+            && err.contains(&format!(
+                "--use-peft: other LoRA flags than the model's adapters were given: --lora-r 8 (the checkpoint's: {})",
+                common::LORA_FLAGS[2]
+            ))
+            && !err.contains("LoraConfig"),
+        "{err}"
+    );
+    let output = resumed("no-peft", &|args| {
+        let at = args.iter().position(|a| a == "--use-peft").expect("flag");
+        args.truncate(at);
+    });
+    assert!(
+        stderr(&output).contains("the model carries LoRA adapters, but --use-peft is not given"),
+        "{}",
+        stderr(&output)
+    );
+    let output = resumed("no-config", &|args| drop_flag(args, "--config", 1));
+    assert!(output.status.success(), "{}", stderr(&output));
+    let adapter =
+        |out: &Path| std::fs::read(out.join("adapter_model.safetensors")).expect("adapter");
+    assert!(adapter(&dir.join("no-config")) == adapter(&whole));
 }

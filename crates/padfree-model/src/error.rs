@@ -48,6 +48,17 @@ pub enum ModelError {
         /// What to do.
         hint: &'static str,
     },
+    /// A LoRA setting (TRL's flag names) that no adapter of this model can
+    /// have.
+    #[error("{flag}: {message}\nHINT: {hint}")]
+    LoraSetting {
+        /// The flag, e.g. `--lora-r`.
+        flag: &'static str,
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: &'static str,
+    },
     /// A weight file whose tensors do not match the config.
     #[error("{path}: tensor `{tensor}`: {message}\nHINT: {hint}")]
     Weights {

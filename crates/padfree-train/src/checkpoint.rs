@@ -414,6 +414,14 @@ fn check_is_checkpoint(dir: &Path) -> Result<(), TrainError> {
     if is_checkpoint(dir) {
         return Ok(());
     }
+    if !dir.exists() {
+        // Said alone: what the directory lacks means nothing before this.
+        return Err(TrainError::Checkpoint {
+            path: dir.to_owned(),
+            message: "the directory does not exist".into(),
+            hint: "give a checkpoint-N directory written by padfree train (--resume-from-checkpoint OUTPUT_DIR/checkpoint-N)".into(),
+        });
+    }
     let steps = checkpoint_steps(dir);
     let hint = match steps.last() {
         Some(&last) => format!(
@@ -425,11 +433,7 @@ fn check_is_checkpoint(dir: &Path) -> Result<(), TrainError> {
                 .join(", "),
             checkpoint_dir(dir, last).display()
         ),
-        None if dir.is_dir() => "give a checkpoint-N directory written by padfree train".to_owned(),
-        None => {
-            "the directory does not exist; give a checkpoint-N directory written by padfree train"
-                .to_owned()
-        }
+        None => "give a checkpoint-N directory written by padfree train".to_owned(),
     };
     Err(TrainError::Checkpoint {
         path: dir.to_owned(),

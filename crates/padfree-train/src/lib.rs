@@ -35,6 +35,7 @@
 
 mod best_model;
 pub mod checkpoint;
+pub mod clock;
 mod collate;
 pub mod comm;
 mod config;

@@ -89,13 +89,11 @@ pub fn lock_output_dir(dir: &Path) -> Result<OutputLock, TrainError> {
         Err(std::fs::TryLockError::Error(err)) => return Err(TrainError::io(&path, err)),
     }
     let holder = format!(
-        "process {} on {}, since {} s after the Unix epoch\n",
+        "process {} on {}, since {}\n",
         std::process::id(),
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "this machine".to_owned(), |h| h.trim().to_owned()),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
+        crate::clock::utc_timestamp()
     );
     file.set_len(0)
         .and_then(|()| file.rewind())

@@ -160,13 +160,21 @@ impl Trainer {
         // flags or weights would train its share of the plan on something
         // else, silently).
         if model.lora_config() != config.lora.as_ref() {
+            let message = match (model.lora_config(), config.lora.as_ref()) {
+                (Some(saved), Some(given)) => format!(
+                    "other LoRA flags than the model's adapters were given: {}",
+                    saved.differing_flags(given).join(", ")
+                ),
+                (Some(_), None) => {
+                    "the model carries LoRA adapters, but --use-peft is not given".to_owned()
+                }
+                (None, _) => {
+                    "--use-peft is given, but the model carries no LoRA adapters".to_owned()
+                }
+            };
             return Err(TrainError::Config {
                 flag: "use-peft",
-                message: format!(
-                    "the model's LoRA adapters ({:?}) are not the config's ({:?})",
-                    model.lora_config(),
-                    config.lora
-                ),
+                message,
                 hint: "a LoRA run resumes with its own --use-peft and --lora-* flags, a full fine-tuning run without them",
             });
         }

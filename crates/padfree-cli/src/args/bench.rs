@@ -290,7 +290,7 @@ impl BenchArgs {
             mpirun: self.mpirun,
             output_dir: self
                 .output_dir
-                .unwrap_or_else(|| crate::clock::run_dir("bench")),
+                .unwrap_or_else(|| padfree_train::clock::run_dir("bench")),
             peer: match (self.peer_python, self.peer) {
                 (Some(python), _) => Some(Peer::Python(python)),
                 (None, true) => Some(Peer::Setup),

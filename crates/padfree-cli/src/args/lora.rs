@@ -47,7 +47,8 @@ impl LoraArgs {
         Ok(Some(LoraConfig {
             r: self.lora_r,
             alpha: self.lora_alpha,
-            dropout: self.lora_dropout,
+            // `-0` is 0 (adding +0 clears the sign), not a "dropout -0".
+            dropout: self.lora_dropout + 0.0,
             targets: match &self.lora_target_modules {
                 Some(text) => LoraConfig::parse_targets(text)
                     .map_err(|err| anyhow::anyhow!("--lora-target-modules: {err}"))?,

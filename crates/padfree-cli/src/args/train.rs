@@ -586,7 +586,7 @@ impl TrainArgs {
             output_dir_defaulted: self.output_dir.is_none(),
             output_dir: self
                 .output_dir
-                .unwrap_or_else(|| crate::clock::run_dir("train")),
+                .unwrap_or_else(|| padfree_train::clock::run_dir("train")),
             overwrite_output_dir: self.overwrite_output_dir,
             resume_from_checkpoint: self.resume_from_checkpoint,
             fields: FieldNames {

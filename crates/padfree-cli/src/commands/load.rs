@@ -303,7 +303,13 @@ fn load_model(
                 Some(path) if Path::new(&path).exists() => {
                     ModelSource::from_model_path(Path::new(&path))
                 }
-                _ => source.clone(),
+                // A preset's adapters name the preset (`tiny`).
+                Some(name) if LlamaConfig::named(&name).is_some() => ModelSource::Init(name),
+                Some(other) => bail!(
+                    "{}: the adapters' base model `{other}` (adapter_config.json's base_model_name_or_path) is neither a file nor a preset\nHINT: give the base model the adapters were trained on with --model (or --config for a preset)",
+                    dir.display()
+                ),
+                None => source.clone(),
             },
         };
         let mut model = load_base(job, &base, &device, preset_vocab)?;

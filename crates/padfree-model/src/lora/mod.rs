@@ -171,6 +171,37 @@ impl LoraConfig {
         per_layer * config.num_hidden_layers
     }
 
+    /// The flags on which `given` differs from `self` (a checkpoint's
+    /// adapters), each as `--lora-r 8 (the checkpoint's: 16)`.
+    pub fn differing_flags(&self, given: &LoraConfig) -> Vec<String> {
+        let targets = |config: &LoraConfig| -> String {
+            config
+                .targets
+                .iter()
+                .map(|t| t.module())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        [
+            ("--lora-r", self.r.to_string(), given.r.to_string()),
+            (
+                "--lora-alpha",
+                self.alpha.to_string(),
+                given.alpha.to_string(),
+            ),
+            (
+                "--lora-dropout",
+                self.dropout.to_string(),
+                given.dropout.to_string(),
+            ),
+            ("--lora-target-modules", targets(self), targets(given)),
+        ]
+        .into_iter()
+        .filter(|(_, saved, now)| saved != now)
+        .map(|(flag, saved, now)| format!("{flag} {now} (the checkpoint's: {saved})"))
+        .collect()
+    }
+
     /// `alpha / r`.
     pub fn scale(&self) -> f32 {
         (self.alpha / self.r as f64) as f32
@@ -185,6 +216,12 @@ impl LoraConfig {
         }
         let mut targets = Vec::new();
         for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "all-linear" {
+                return Err(format!(
+                    "`all-linear` stands alone in `{}`: it names every linear layer already; give all-linear by itself, or the modules without it",
+                    text.trim()
+                ));
+            }
             let target = LoraTarget::from_module(name).ok_or_else(|| {
                 format!(
                     "`{name}` is not a linear layer of a decoder layer; the names are {}, or all-linear",
@@ -203,9 +240,9 @@ impl LoraConfig {
 
     /// Refuses settings no adapter can have.
     pub fn validate(&self, config: &LlamaConfig) -> Result<(), ModelError> {
-        let refuse = |field: &'static str, message: String, hint: &'static str| {
-            Err(ModelError::Config {
-                field,
+        let refuse = |flag: &'static str, message: String, hint: &'static str| {
+            Err(ModelError::LoraSetting {
+                flag,
                 message,
                 hint,
             })
@@ -221,28 +258,31 @@ impl LoraConfig {
             .unwrap_or(0);
         if self.r == 0 || self.r > smallest {
             return refuse(
-                "lora_r",
-                format!("rank {} for layers as narrow as {smallest}", self.r),
-                "give --lora-r between 1 and the narrowest targeted layer's width (8 to 64 is usual)",
+                "--lora-r",
+                format!(
+                    "rank {} is not between 1 and the width of the narrowest targeted layer, {smallest}",
+                    self.r
+                ),
+                "give --lora-r between 1 and the narrowest targeted layer's width (8 to 64 is usual), or target wider layers with --lora-target-modules",
             );
         }
         if !(self.alpha.is_finite() && self.alpha > 0.0) {
             return refuse(
-                "lora_alpha",
-                format!("{}", self.alpha),
+                "--lora-alpha",
+                format!("{} is not positive", self.alpha),
                 "give a positive --lora-alpha (PEFT's habit: twice --lora-r)",
             );
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return refuse(
-                "lora_dropout",
-                format!("{}", self.dropout),
+                "--lora-dropout",
+                format!("{} is not in [0, 1)", self.dropout),
                 "give --lora-dropout in [0, 1)",
             );
         }
         if self.targets.is_empty() {
             return refuse(
-                "lora_target_modules",
+                "--lora-target-modules",
                 "no layer targeted".into(),
                 "name modules with --lora-target-modules (q_proj,v_proj or all-linear)",
             );

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{Failure, ModeResult, Peak};
 use crate::args::{BenchJob, BenchMode};
-use crate::clock::utc_timestamp;
+use padfree_train::clock::utc_timestamp;
 
 /// The row name of a mode in the table.
 pub(super) fn label(mode: &str) -> String {

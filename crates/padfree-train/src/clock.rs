@@ -1,5 +1,6 @@
-//! UTC wall-clock names for run directories and reports, without a date
-//! crate: the civil-date arithmetic is a dozen lines.
+//! UTC wall-clock times for run directories, reports and the output
+//! directory's lock, without a date crate: the civil-date arithmetic is a
+//! dozen lines.
 
 use std::path::PathBuf;
 
@@ -11,16 +12,28 @@ pub fn run_dir(kind: &str) -> PathBuf {
     ))
 }
 
-/// `YYYY-MM-DD HH:MM:SS UTC`, for reports.
+/// `YYYY-MM-DD HH:MM:SS UTC` now, for reports.
 pub fn utc_timestamp() -> String {
-    let (year, month, day, hour, minute, second) = utc_now();
+    utc(now_secs())
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` of `secs` after the Unix epoch.
+pub fn utc(secs: u64) -> String {
+    let (year, month, day, hour, minute, second) = civil(secs);
     format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02} UTC")
 }
 
-fn utc_now() -> (i64, u32, u32, u64, u64, u64) {
-    let secs = std::time::SystemTime::now()
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+        .map_or(0, |d| d.as_secs())
+}
+
+fn utc_now() -> (i64, u32, u32, u64, u64, u64) {
+    civil(now_secs())
+}
+
+fn civil(secs: u64) -> (i64, u32, u32, u64, u64, u64) {
     let (days, rest) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil_from_days(days as i64);
     (year, month, day, rest / 3600, rest % 3600 / 60, rest % 60)
@@ -49,5 +62,6 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_786), (2026, 11, 29));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(utc(1_796_246_462), "2026-12-02 21:21:02 UTC");
     }
 }
