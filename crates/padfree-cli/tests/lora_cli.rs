@@ -536,3 +536,51 @@ fn a_lora_checkpoint_resumes_without_its_base_flag_and_names_other_flags() {
         |out: &Path| std::fs::read(out.join("adapter_model.safetensors")).expect("adapter");
     assert!(adapter(&dir.join("no-config")) == adapter(&whole));
 }
+
+/// A GGUF without a tokenizer (the tiny Q4 fixture) trains on pre-tokenized
+/// records, which need none (once it was refused for the missing tokenizer
+/// before any record was read), and says it wrote no tokenizer files; text
+/// records are refused by file and line, naming --tokenizer.
+#[test]
+fn a_gguf_without_a_tokenizer_trains_on_token_ids() {
+    let dir_guard = scratch("gguf-no-tokenizer");
+    let dir = dir_guard.path();
+    let gguf = common::repo("fixtures/gguf/llama-tiny-q4.gguf")
+        .display()
+        .to_string();
+    let ids = random_ids(&dir.join("ids.jsonl"), 8, 3);
+    let text = dir.join("text.jsonl");
+    std::fs::write(&text, "{\"question\": \"a b\", \"answer\": \"c\"}\n").expect("write");
+    let train = |data: &str, out: &str| {
+        let out = dir.join(out).display().to_string();
+        padfree(&[
+            "train",
+            "--model",
+            &gguf,
+            "--data",
+            data,
+            "--max-steps",
+            "1",
+            "--use-peft",
+            "--output-dir",
+            &out,
+        ])
+    };
+    let output = train(&ids, "ids");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout.contains("(adapter_model.safetensors, adapter_config.json), "),
+        "{stdout}"
+    );
+    let output = train(&text.display().to_string(), "text");
+    assert!(
+        !output.status.success()
+            && stderr(&output).contains(&format!(
+                "{}:line 1: a text record needs a tokenizer\nHINT: give --tokenizer",
+                text.display()
+            )),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -552,6 +552,12 @@ fn load_tokenizer(job: &TrainJob, vocab_size: usize) -> anyhow::Result<Option<Te
         return load_tokenizer_file(&dir.join("tokenizer.json")).map(Some);
     }
     match &job.model {
+        // A GGUF without tokenizer metadata (`tokenizer.ggml.model`) can
+        // still train on pre-tokenized records; text ones are refused when
+        // they are tokenized, naming --tokenizer.
+        ModelSource::Gguf(path) if GgufFile::open(path)?.get("tokenizer.ggml.model").is_none() => {
+            Ok(None)
+        }
         ModelSource::Gguf(path) => load_tokenizer_file(path).map(Some),
         ModelSource::HfDir(dir) if dir.join("tokenizer.json").is_file() => {
             load_tokenizer_file(&dir.join("tokenizer.json")).map(Some)

@@ -135,6 +135,12 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             .collect(),
         None => Vec::new(),
     };
+    // Pre-tokenized data on a model without a tokenizer writes none.
+    let tokenizer_files = if artifacts.is_empty() {
+        ""
+    } else {
+        ", tokenizer files"
+    };
     let lengths: Vec<usize> = dataset.examples.iter().map(|e| e.len()).collect();
     let mut config = job.train_config(&lengths);
     config.world_size = world_size;
@@ -292,7 +298,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         None => "config.json",
     };
     say!(
-        "\nwrote {} ({files}{which}, {config_file}, tokenizer files), {}, {}, {}",
+        "\nwrote {} ({files}{which}, {config_file}{tokenizer_files}), {}, {}, {}",
         out.display(),
         out.join(METRICS_FILE).display(),
         out.join(RESULTS_FILE).display(),
@@ -304,7 +310,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         let dir = out.join(MERGED_DIR);
         padfree_train::checkpoint::write_model_files(&trainer.model().merged(), &artifacts, &dir)?;
         say!(
-            "wrote {} (the adapters merged into the model's weights: model.safetensors, config.json, tokenizer files)",
+            "wrote {} (the adapters merged into the model's weights: model.safetensors, config.json{tokenizer_files})",
             dir.display()
         );
     }
