@@ -697,7 +697,7 @@ fn text_fields_no_record_shape_uses_are_named_and_a_template_maps_them() {
         err.contains(&format!(
             "warning: {}: field `passage` holds text in 8 of 8 records (the first at line 1), but their record shape does not use it",
             data.display()
-        )) && err.contains("HINT: to train on it, build the prompt from it with --prompt-template"),
+        )) && err.contains(r"HINT: to train on it, build the prompt from it with --prompt-template (e.g. --prompt-template '{passage}\n{question}' --completion-field answer), "),
         "{err}"
     );
     assert!(!err.contains("`id`"), "{err}");
@@ -711,6 +711,45 @@ fn text_fields_no_record_shape_uses_are_named_and_a_template_maps_them() {
         ],
     );
     assert!(!err.contains("warning"), "{err}");
+    // A template that leaves the field out: the HINT adds it to that
+    // template, rather than proposing one that drops `{question}`.
+    let err = train(
+        "partial-template",
+        &[
+            "--prompt-template",
+            "Q: {question}",
+            "--completion-field",
+            "answer",
+        ],
+    );
+    assert!(
+        err.contains(
+            r"(e.g. --prompt-template 'Q: {question}\n{passage}' --completion-field answer)"
+        ),
+        "{err}"
+    );
+    // `question` left out by --prompt-field: not '{question}\n{question}'.
+    std::fs::write(
+        &data,
+        "{\"prompt\": \"How many?\", \"completion\": \"3\", \"question\": \"a side note\"}\n"
+            .repeat(4),
+    )
+    .expect("write");
+    let err = train(
+        "question-unused",
+        &[
+            "--prompt-field",
+            "prompt",
+            "--completion-field",
+            "completion",
+        ],
+    );
+    assert!(
+        err.contains(
+            r"(e.g. --prompt-template '{question}\n{prompt}' --completion-field completion)"
+        ),
+        "{err}"
+    );
 }
 
 #[test]

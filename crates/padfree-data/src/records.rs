@@ -75,6 +75,11 @@ pub struct SourceRecord {
     /// train on (ASDiv's `passage` beside `question` and `answer`).
     /// Pre-tokenized records name none (their text is in the ids).
     pub unused_text_fields: Vec<String>,
+    /// The fields the record's shape reads, in its order (prompt fields,
+    /// then the completion's), kept only on the first record of the file
+    /// with each unused field (what [`UnusedField::beside`] reports),
+    /// empty elsewhere so that a large file does not hold them per record.
+    pub used_fields: Vec<String>,
 }
 
 /// A field that records hold text in but that is not trained on.
@@ -86,6 +91,12 @@ pub struct UnusedField {
     pub records: usize,
     /// Where the first of them is (`line 1`).
     pub first: String,
+    /// The fields that first record's shape reads (prompt fields, then the
+    /// completion's; `messages` or `text` for those shapes).
+    pub beside: Vec<String>,
+    /// Whether that record is prompt/completion (a template can take the
+    /// field into its prompt).
+    pub prompted: bool,
 }
 
 /// Every text field that some records hold but none is trained on, in the
@@ -100,6 +111,13 @@ pub fn unused_text_fields(records: &[SourceRecord]) -> Vec<UnusedField> {
                     name: name.clone(),
                     records: 1,
                     first: record.location.clone(),
+                    beside: record.used_fields.clone(),
+                    prompted: matches!(
+                        record.record,
+                        Record::PromptCompletion { .. }
+                            | Record::QuestionAnswer { .. }
+                            | Record::Alpaca { .. }
+                    ),
                 }),
             }
         }
@@ -234,7 +252,7 @@ fn read_jsonl(
     bytes: &[u8],
     fields: &FieldNames,
 ) -> Result<Vec<SourceRecord>, DataError> {
-    let mut records = Vec::new();
+    let (mut records, mut seen) = (Vec::new(), Vec::new());
     for (index, line) in bytes.split(|&b| b == b'\n').enumerate() {
         let location = format!("line {}", index + 1);
         let fail = |message: String, hint: &str| record_error(path, &location, message, hint);
@@ -256,13 +274,8 @@ fn read_jsonl(
                 "every line of a JSONL file must be one complete JSON object",
             )
         })?;
-        let (record, unused_text_fields) =
-            record_from_value(value, text, fields).map_err(|(m, h)| fail(m, &h))?;
-        records.push(SourceRecord {
-            location,
-            record,
-            unused_text_fields,
-        });
+        let read = record_from_value(value, text, fields).map_err(|(m, h)| fail(m, &h))?;
+        records.push(source_record(location, read, &mut seen));
     }
     Ok(records)
 }
@@ -295,6 +308,7 @@ fn read_json_array(
             "a .json dataset must be one array of objects; use JSONL for one object per line",
         )
     })?;
+    let mut seen = Vec::new();
     elements
         .into_iter()
         .enumerate()
@@ -309,13 +323,9 @@ fn read_json_array(
                     "a .json dataset must be one array of objects",
                 )
             })?;
-            let (record, unused_text_fields) = record_from_value(value, source, fields)
+            let read = record_from_value(value, source, fields)
                 .map_err(|(m, h)| record_error(path, &location, m, &h))?;
-            Ok(SourceRecord {
-                location,
-                record,
-                unused_text_fields,
-            })
+            Ok(source_record(location, read, &mut seen))
         })
         .collect()
 }
@@ -339,7 +349,7 @@ fn record_from_value(
     value: Value,
     source: &str,
     fields: &FieldNames,
-) -> Result<(Record, Vec<String>), Refusal> {
+) -> Result<(Record, Vec<String>, Vec<String>), Refusal> {
     let Value::Object(object) = value else {
         return Err((
             format!("expected a JSON object, found {}", json_kind(&value)),
@@ -348,7 +358,7 @@ fn record_from_value(
     };
     let (record, used) = record_from_object(&object, source, fields)?;
     if matches!(record, Record::Tokenized { .. }) {
-        return Ok((record, Vec::new()));
+        return Ok((record, Vec::new(), Vec::new()));
     }
     let unused = object
         .iter()
@@ -358,7 +368,29 @@ fn record_from_value(
         })
         .map(|(name, _)| name.clone())
         .collect();
-    Ok((record, unused))
+    Ok((record, unused, used))
+}
+
+/// A record read from a file, `used` kept only where it brings an unused
+/// field `seen` had not met (see [`SourceRecord::used_fields`]).
+fn source_record(
+    location: String,
+    (record, unused, used): (Record, Vec<String>, Vec<String>),
+    seen: &mut Vec<String>,
+) -> SourceRecord {
+    let new: Vec<String> = unused
+        .iter()
+        .filter(|name| !seen.contains(name))
+        .cloned()
+        .collect();
+    let keep = !new.is_empty();
+    seen.extend(new);
+    SourceRecord {
+        location,
+        record,
+        unused_text_fields: unused,
+        used_fields: if keep { used } else { Vec::new() },
+    }
 }
 
 /// The pieces of a `--prompt-template`: literal text and field names.

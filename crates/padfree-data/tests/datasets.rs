@@ -364,6 +364,8 @@ fn text_fields_a_record_shape_does_not_use_are_named() {
             name: "passage".into(),
             records: 2,
             first: "line 1".into(),
+            beside: vec!["question".into(), "answer".into()],
+            prompted: true,
         }]
     );
     // Every shape uses what it reads: nothing named for records without extras.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use padfree_data::{
-    FieldNames, Record, SourceRecord, TextTokenizer, TokenizeConfig, read_records,
+    FieldNames, Record, SourceRecord, TextTokenizer, TokenizeConfig, UnusedField, read_records,
     read_records_from_str, tokenize_records, unused_text_fields,
 };
 use padfree_model::device::{DeviceChoice, open_device};
@@ -119,7 +119,7 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
         overlong: job.overlong,
         vocab_limit: config.vocab_size,
     };
-    warn_unused_fields(&data_name, &records);
+    warn_unused_fields(&data_name, &records, &job.fields);
     let dataset = tokenize_records(&data_name, &records, tokenizer.as_ref(), &tokenize)?;
     say!("data: {}: {}", data_name.display(), dataset.report);
     let eval_dataset = match &job.eval {
@@ -130,7 +130,7 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
                 (EMBEDDED_EVAL_DATA_NAME, EMBEDDED_EVAL_DATA),
                 &job.fields,
             )?;
-            warn_unused_fields(&name, &records);
+            warn_unused_fields(&name, &records, &job.fields);
             let eval_dataset = tokenize_records(&name, &records, tokenizer.as_ref(), &tokenize)?;
             say!("eval data: {}: {}", name.display(), eval_dataset.report);
             Some(eval_dataset)
@@ -177,18 +177,48 @@ fn read_data(
 }
 
 /// Names the text fields of `file` that no record's shape trains on.
-fn warn_unused_fields(file: &Path, records: &[SourceRecord]) {
+fn warn_unused_fields(file: &Path, records: &[SourceRecord], fields: &FieldNames) {
     for field in unused_text_fields(records) {
         warn!(
-            "{}: field `{}` holds text in {} of {} records (the first at {}), but their record shape does not use it: it is not trained on\nHINT: to train on it, build the prompt from it with --prompt-template (e.g. --prompt-template '{{{}}}\\n{{question}}' --completion-field answer), name it with --prompt-field/--completion-field or --dataset-text-field, or drop it from the file to silence this",
+            "{}: field `{}` holds text in {} of {} records (the first at {}), but their record shape does not use it: it is not trained on\nHINT: to train on it, {}name it with --prompt-field/--completion-field or --dataset-text-field, or drop it from the file to silence this",
             file.display(),
             field.name,
             field.records,
             records.len(),
             field.first,
-            field.name
+            template_hint(&field, fields)
         );
     }
+}
+
+/// `build the prompt from it with --prompt-template (e.g. ...), ` for an
+/// unused field of prompt/completion records: the template in use with the
+/// field added, or one from the fields the shape reads (the field first,
+/// then the prompt's, the completion's as `--completion-field`); empty for
+/// other shapes (a template would turn a chat into one prompt).
+fn template_hint(field: &UnusedField, fields: &FieldNames) -> String {
+    let (template, completion) = match (&fields.prompt_template, &fields.completion) {
+        (Some(template), Some(completion)) => (
+            format!("{template}\\n{{{}}}", field.name),
+            completion.clone(),
+        ),
+        _ => {
+            let Some((completion, prompt)) = field.beside.split_last() else {
+                return String::new();
+            };
+            if !field.prompted {
+                return String::new();
+            }
+            let pieces: Vec<String> = std::iter::once(&field.name)
+                .chain(prompt)
+                .map(|name| format!("{{{name}}}"))
+                .collect();
+            (pieces.join("\\n"), completion.clone())
+        }
+    };
+    format!(
+        "build the prompt from it with --prompt-template (e.g. --prompt-template '{template}' --completion-field {completion}), "
+    )
 }
 
 /// A trainer error that names an example by its index, named by its record
