@@ -584,3 +584,83 @@ fn a_gguf_without_a_tokenizer_trains_on_token_ids() {
         stderr(&output)
     );
 }
+
+/// `--load-best-model-at-end --merge-adapter` when the best checkpoint can
+/// no longer be read: the output holds the last step's adapter (as
+/// documented), and now its merged model too, said before the error (once
+/// `merged/` was left out without a word).
+#[test]
+fn a_damaged_best_checkpoint_still_gets_the_last_steps_merged_model() {
+    let dir_guard = scratch("lora-best-damaged");
+    let dir = dir_guard.path();
+    let train = random_ids(&dir.join("train.jsonl"), 40, 7);
+    let eval = random_ids(&dir.join("eval.jsonl"), 10, 8);
+    let args = |steps: &str, out: &Path| -> Vec<String> {
+        [
+            "train",
+            "--config",
+            "tiny",
+            "--data",
+            &train,
+            "--eval-data",
+            &eval,
+            "--per-device-train-batch-size",
+            "4",
+            "--learning-rate",
+            "0.3",
+            "--logging-steps",
+            "2",
+            "--save-steps",
+            "2",
+            "--eval-steps",
+            "2",
+            "--load-best-model-at-end",
+            "--use-peft",
+            "--merge-adapter",
+            "--max-steps",
+            steps,
+            "--output-dir",
+            &out.display().to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    };
+    let first = dir.join("first");
+    succeeds(&args("8", &first));
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(first.join("trainer_state.json")).expect("state"),
+    )
+    .expect("json");
+    let best = state["best_model"]["checkpoint"]
+        .as_str()
+        .expect("a best checkpoint");
+    assert_ne!(
+        best, "checkpoint-8",
+        "the scenario needs a best model before the last step"
+    );
+    std::fs::remove_file(first.join(best).join("adapter_model.safetensors")).expect("damage");
+    let out = dir.join("extended");
+    let mut extended = args("10", &out);
+    extended.extend([
+        "--resume-from-checkpoint".to_owned(),
+        first.join("checkpoint-8").display().to_string(),
+    ]);
+    let output = padfree(&extended.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "{stdout}");
+    assert!(
+        stderr(&output).contains("could not be loaded back, so"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "wrote {} (the last step's adapters merged into the model's weights",
+            out.join("merged").display()
+        )),
+        "{stdout}"
+    );
+    assert!(out.join("merged/model.safetensors").is_file());
+    assert!(out.join("adapter_model.safetensors").is_file());
+}

@@ -75,6 +75,17 @@ pub enum TrainError {
         /// What to do.
         hint: String,
     },
+    /// `--load-best-model-at-end`: the best checkpoint could not be loaded
+    /// back; the output directory holds the last step's model, complete.
+    #[error("{path}: {message}\nHINT: {hint}")]
+    BestModelNotLoaded {
+        /// The best checkpoint.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: String,
+    },
     /// The loss or the gradient became NaN or infinite; the step was not applied.
     #[error(
         "step {step}: the {what} is {value}; training stopped before applying this step\n{last_checkpoint}\nHINT: lower --learning-rate, add --warmup-steps, or check --max-grad-norm"

@@ -485,7 +485,7 @@ impl Trainer {
                 self.model = model;
                 Ok(true)
             }
-            Err(err) => Err(TrainError::Checkpoint {
+            Err(err) => Err(TrainError::BestModelNotLoaded {
                 path: dir.clone(),
                 message: format!(
                     "the best model (step {step}, eval_loss {eval_loss:.6}) could not be loaded back, so {} holds the last step's model: {err}",

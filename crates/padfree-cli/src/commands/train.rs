@@ -260,7 +260,29 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         rank,
         trainer.last_checkpoint(),
     )?;
-    let summary = trainer.train(&mut progress)?;
+    let summary = match trainer.train(&mut progress) {
+        // The last step's model was written in the best one's place: its
+        // merged form is owed too, and said, before the error.
+        Err(err @ padfree_train::TrainError::BestModelNotLoaded { .. }) => {
+            progress.bar.finish_and_clear();
+            if let Some(artifacts) = &merge_artifacts
+                && trainer.writes_outputs()
+            {
+                let dir = job.output_dir.join(MERGED_DIR);
+                padfree_train::checkpoint::write_model_files(
+                    &trainer.model().merged(),
+                    artifacts,
+                    &dir,
+                )?;
+                say!(
+                    "wrote {} (the last step's adapters merged into the model's weights, as the output directory holds the last step's adapter: the best model could not be loaded back)",
+                    dir.display()
+                );
+            }
+            return Err(err.into());
+        }
+        other => other?,
+    };
     progress.bar.finish_and_clear();
     say!("\n***** train metrics *****\n{summary}");
     if summary.interrupted {
