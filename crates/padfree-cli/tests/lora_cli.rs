@@ -269,6 +269,19 @@ fn bad_lora_flags_are_refused_by_name() {
     let dir = dir_guard.path();
     let data = random_ids(&dir.join("train.jsonl"), 4, 5);
     let out = dir.join("out").display().to_string();
+    let train = |flags: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--config",
+            "tiny",
+            "--data",
+            &data,
+            "--output-dir",
+            &out,
+        ];
+        args.extend_from_slice(flags);
+        padfree(&args)
+    };
     for (flags, expected) in [
         (
             &["--use-peft", "--lora-target-modules", "q_proj,lm_head"][..],
@@ -290,17 +303,7 @@ fn bad_lora_flags_are_refused_by_name() {
             "--lora-r: rank 64 is not between 1 and the width of the narrowest targeted layer, 32\nHINT: give --lora-r between 1",
         ),
     ] {
-        let mut args = vec![
-            "train",
-            "--config",
-            "tiny",
-            "--data",
-            &data,
-            "--output-dir",
-            &out,
-        ];
-        args.extend_from_slice(flags);
-        let output = padfree(&args);
+        let output = train(flags);
         assert!(!output.status.success(), "{flags:?} was accepted");
         assert!(
             stderr(&output).contains(expected),
@@ -310,20 +313,7 @@ fn bad_lora_flags_are_refused_by_name() {
         assert!(!stderr(&output).contains("config field"), "{flags:?}");
     }
     // `-0` is 0, not "dropout -0".
-    let output = padfree(&[
-        "train",
-        "--config",
-        "tiny",
-        "--data",
-        &data,
-        "--output-dir",
-        &out,
-        "--max-steps",
-        "1",
-        "--use-peft",
-        "--lora-dropout",
-        "-0",
-    ]);
+    let output = train(&["--max-steps", "1", "--use-peft", "--lora-dropout", "-0"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(stdout.contains(", dropout 0, on "), "{stdout}");
