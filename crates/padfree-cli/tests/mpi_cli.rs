@@ -484,6 +484,16 @@ fn a_rank_that_dies_ends_the_job_and_keeps_earlier_checkpoints() {
         "{}",
         stderr(&output)
     );
+    // mpirun's SIGTERM to rank 0: it says a rank may have died, and where
+    // to resume (once only "Ctrl-C or SIGTERM").
+    assert!(
+        stderr(&output).contains(&format!(
+            "Under mpirun this is also how a job ends when one of its ranks died (mpirun's own message names it): the step cannot finish then; resume with --resume-from-checkpoint {}",
+            out.join("checkpoint-3").display()
+        )),
+        "{}",
+        stderr(&output)
+    );
     // checkpoint-3 was complete before rank 1 died, and still loads.
     let checkpoint = out.join("checkpoint-3");
     assert_eq!(step_losses(&checkpoint).len(), 3);

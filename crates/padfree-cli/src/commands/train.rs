@@ -257,7 +257,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     let mut progress = Progress::new(
         trainer.plan().len(),
         trainer.global_step(),
-        rank,
+        (rank, world_size),
         trainer.last_checkpoint(),
     )?;
     let summary = match trainer.train(&mut progress) {
@@ -497,7 +497,7 @@ impl Progress {
     fn new(
         total_steps: usize,
         done: usize,
-        rank: usize,
+        (rank, world_size): (usize, usize),
         resumed_from: Option<&Path>,
     ) -> anyhow::Result<Self> {
         let bar = if crate::ranks::is_lead() {
@@ -521,8 +521,21 @@ impl Progress {
             let mut signals = lock(&shared);
             if !signals.stop {
                 signals.stop = true;
+                // mpirun ends a job whose rank died by sending the others
+                // SIGTERM: this rank cannot tell, so it says both.
+                let ranks = if world_size > 1 {
+                    format!(
+                        "\nUnder mpirun this is also how a job ends when one of its ranks died (mpirun's own message names it): the step cannot finish then{}",
+                        match &signals.last_saved {
+                            Some(_) => signals.last_saved(),
+                            None => "; no checkpoint was saved yet".to_owned(),
+                        }
+                    )
+                } else {
+                    String::new()
+                };
                 eprintln!(
-                    "\nCtrl-C or SIGTERM: stopping after this step and saving a checkpoint (again: quit without saving)"
+                    "\nCtrl-C or SIGTERM: stopping after this step and saving a checkpoint (again: quit without saving){ranks}"
                 );
             } else if signals.writing && !signals.quit_after_write {
                 signals.quit_after_write = true;
