@@ -61,7 +61,7 @@ pub use input::ModelInput;
 pub use kernels::CausalMasks;
 pub use layers::{AttentionKernel, AttentionLayout, PaddedAttention};
 pub use lora::peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir};
-pub use lora::{LoraConfig, LoraTarget};
+pub use lora::{DropoutDraw, LoraConfig, LoraTarget};
 pub use loss::{HEAD_CHUNK_BYTES, LabelRows, LossSum, causal_lm_loss};
 pub use model::LlamaModel;
 pub use precision::Precision;

@@ -9,11 +9,12 @@ use padfree_pack::{BatchMeta, PaddedBatch, SplitMix64};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::input::ModelInput;
+use crate::kernels::dropout::RowKeys;
 use crate::kernels::{AttentionRows, CausalMasks, bf16_linear, fused_linear};
 use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
-use crate::lora::{Lora, LoraConfig, LoraTarget, merged_weight, peft};
+use crate::lora::{DropoutDraw, Lora, LoraConfig, LoraTarget, merged_weight, peft};
 use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum};
 use crate::precision::{Bf16Weights, Precision};
 use crate::tensor::{
@@ -267,8 +268,8 @@ impl LlamaModel {
     }
 
     /// The same weights off the autodiff graph, drawing the dropout masks
-    /// of `dropout_seed`.
-    fn off_graph(&self, dropout_seed: Option<u64>) -> Self {
+    /// of `dropout`.
+    fn off_graph(&self, dropout: Option<DropoutDraw>) -> Self {
         Self {
             config: self.config.clone(),
             device: self.device.clone().inner(),
@@ -278,7 +279,7 @@ impl LlamaModel {
             lora: self.lora.as_ref().map(|lora| Lora {
                 config: lora.config.clone(),
                 params: off_the_graph(&lora.params),
-                dropout_seed,
+                dropout,
                 base: lora.base.clone(),
                 bf16: lora.bf16.clone(),
             }),
@@ -327,13 +328,14 @@ impl LlamaModel {
         self.lora.as_ref().map(|lora| &lora.config)
     }
 
-    /// Seeds the dropout of the next forward passes' adapters (`None`: no
-    /// dropout). The trainer sets one per micro-batch, from the run's seed
-    /// and the micro-batch's place in the plan, so a resumed run draws the
-    /// same masks.
-    pub fn set_lora_dropout_seed(&mut self, seed: Option<u64>) {
+    /// Sets what the dropout of the next forward passes' adapters draws
+    /// from (`None`: no dropout). The trainer sets one per micro-batch:
+    /// the run's seed and the step, and the micro-batch's examples by
+    /// their index in the data set, so a resumed run, any layout and any
+    /// micro-batch split draw the same masks for the same tokens.
+    pub fn set_lora_dropout(&mut self, draw: Option<DropoutDraw>) {
         if let Some(lora) = &mut self.lora {
-            lora.dropout_seed = seed;
+            lora.dropout = draw;
         }
     }
 
@@ -538,8 +540,14 @@ impl LlamaModel {
         }
     }
 
-    /// Decoder layer `layer`, borrowing its block of parameters.
-    fn layer(&self, layer: usize) -> Result<DecoderLayer<'_>, ModelError> {
+    /// Decoder layer `layer`, borrowing its block of parameters; its
+    /// adapters' dropout masks over `rows` (the batch's row keys, from
+    /// [`Self::with_layout`]) when given.
+    fn layer<'a>(
+        &'a self,
+        layer: usize,
+        rows: Option<&'a RowKeys>,
+    ) -> Result<DecoderLayer<'a>, ModelError> {
         let per_layer = self.layer_tensors.len();
         let start = index::layer_start(layer, per_layer);
         let block =
@@ -564,7 +572,7 @@ impl LlamaModel {
             copies,
             &self.layer_tensors,
             &self.config,
-            |target| lora.and_then(|lora| lora.adapter(layer, target)),
+            |target| lora.and_then(|lora| lora.adapter(layer, target, rows)),
         ))
     }
 
@@ -642,11 +650,11 @@ impl LlamaModel {
         input: &ModelInput<'_>,
         mut visit: impl FnMut(Tensor<2>),
     ) -> Result<Tensor<2>, ModelError> {
-        self.with_layout(input, |rope, layout| {
+        self.with_layout(input, |rope, layout, rows| {
             let mut x = self.embed(input);
             visit(x.clone());
             for layer in 0..self.config.num_hidden_layers {
-                x = self.layer(layer)?.forward(x, rope, layout)?;
+                x = self.layer(layer, rows)?.forward(x, rope, layout)?;
                 visit(x.clone());
             }
             self.final_norm().forward(x)
@@ -668,14 +676,19 @@ impl LlamaModel {
         )
     }
 
-    /// Checks `input` and runs `f` with the rotary tables and the attention
-    /// layout of the batch, built once on this model's device for all layers.
+    /// Checks `input` and runs `f` with the rotary tables, the attention
+    /// layout and the LoRA dropout's row keys (when it draws) of the batch,
+    /// built once on this model's device for all layers.
     fn with_layout<R>(
         &self,
         input: &ModelInput<'_>,
-        f: impl FnOnce(&Rope, &AttentionLayout<'_>) -> Result<R, ModelError>,
+        f: impl FnOnce(&Rope, &AttentionLayout<'_>, Option<&RowKeys>) -> Result<R, ModelError>,
     ) -> Result<R, ModelError> {
         self.check_input(input)?;
+        let dropout_rows = match &self.lora {
+            Some(lora) => lora.dropout_rows(input)?,
+            None => None,
+        };
         let rope = Rope::new(
             input.rows().position_ids(),
             self.config.head_dim,
@@ -726,7 +739,7 @@ impl LlamaModel {
                 }
             }
         };
-        f(&rope, &layout)
+        f(&rope, &layout, dropout_rows.as_ref())
     }
 
     fn check_input(&self, input: &ModelInput<'_>) -> Result<(), ModelError> {

@@ -14,8 +14,8 @@ mod common;
 use common::{assert_close, examples, host};
 use padfree_model::tensor::{IntoHostVec, backward, cpu_device, float_tensor, grad, trainable};
 use padfree_model::{
-    ADAPTER_CONFIG, ADAPTER_WEIGHTS, LlamaConfig, LlamaModel, LoraConfig, LoraTarget, ModelInput,
-    causal_lm_loss,
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS, DropoutDraw, LlamaConfig, LlamaModel, LoraConfig, LoraTarget,
+    ModelInput, causal_lm_loss,
 };
 use padfree_pack::{Example, SplitMix64, flatten, pad};
 
@@ -39,10 +39,13 @@ fn adapted(targets: &[LoraTarget], seed: u64) -> LlamaModel {
 /// the adapters change the outputs (a fresh `B` is zero, and with it `A`'s
 /// gradient).
 fn with_adapters(base: LlamaModel, targets: &[LoraTarget], seed: u64) -> LlamaModel {
+    with_lora_config(base, &lora(targets), seed)
+}
+
+/// [`with_adapters`] with the adapters' settings `lora`.
+fn with_lora_config(base: LlamaModel, lora: &LoraConfig, seed: u64) -> LlamaModel {
     let device = base.device().clone();
-    let mut model = base
-        .with_lora(&lora(targets), seed, "tiny")
-        .expect("valid lora");
+    let mut model = base.with_lora(lora, seed, "tiny").expect("valid lora");
     let mut rng = SplitMix64::new(seed);
     for param in model.trainable_mut() {
         if param.name().contains("lora_B") {
@@ -179,6 +182,106 @@ fn padded_flattened_and_one_at_a_time_agree_on_adapter_gradients() {
         assert_close(&format!("{name}: padded vs flat"), padded, flat, 1e-7, 1e-4);
         assert_close(&format!("{name}: alone vs flat"), alone, flat, 1e-7, 1e-4);
     }
+}
+
+/// LoRA dropout keys each token's mask by (example, position in it): a
+/// batch padded or flattened, its examples alone, in another order or split
+/// in two micro-batches give the same adapter gradients as the flattened
+/// batch (1e-4 of each tensor's largest plus 1e-7: only the grouping of
+/// rows differs), with dropout 0.3. The masks do act: another step's seed,
+/// or one example under another id, changes the gradients by more than 1%.
+/// (Keyed by the row's index, padding moved the masks: padded and
+/// flattened runs differed by 1e-3 relative.)
+#[test]
+fn dropout_masks_follow_the_token_not_its_row() {
+    let base = LlamaModel::init(&LlamaConfig::tiny(), 7, &cpu_device(true)).expect("valid config");
+    let lora = LoraConfig {
+        dropout: 0.3,
+        ..lora(&LoraTarget::ALL)
+    };
+    let mut model = with_lora_config(base, &lora, 2);
+    let batch: Vec<Example> = examples(&[7, 1, 12, 2, 5], 128, 9);
+    let ids: Vec<u64> = vec![30, 4, 17, 9, 22];
+    let mut grads = |examples: &[Example], ids: &[u64], seed: u64, padded: bool| {
+        model.set_lora_dropout(Some(DropoutDraw {
+            seed,
+            examples: ids.to_vec(),
+        }));
+        let grads = if padded {
+            let batch = pad(examples, 0, None).expect("pads");
+            adapter_grads(&model, &ModelInput::Padded(&batch))
+        } else {
+            let batch = flatten(examples).expect("flattens");
+            adapter_grads(&model, &ModelInput::Varlen(&batch))
+        };
+        grads.into_iter().map(|(_, g)| g).collect::<Vec<_>>()
+    };
+    let sum = |parts: Vec<Vec<Vec<f32>>>| {
+        let mut sums = parts[0].clone();
+        for part in &parts[1..] {
+            for (s, g) in sums.iter_mut().zip(part) {
+                s.iter_mut().zip(g).for_each(|(s, v)| *s += v);
+            }
+        }
+        sums
+    };
+    let flat = grads(&batch, &ids, 5, false);
+    let padded = grads(&batch, &ids, 5, true);
+    let alone = sum((0..batch.len())
+        .map(|i| grads(&batch[i..=i], &ids[i..=i], 5, false))
+        .collect());
+    let reversed: Vec<Example> = batch.iter().rev().cloned().collect();
+    let reversed_ids: Vec<u64> = ids.iter().rev().copied().collect();
+    let reversed = grads(&reversed, &reversed_ids, 5, true);
+    let split = sum(vec![
+        grads(&batch[..2], &ids[..2], 5, false),
+        grads(&batch[2..], &ids[2..], 5, true),
+    ]);
+    let other_seed = grads(&batch, &ids, 6, false);
+    let mut renamed = ids.clone();
+    renamed[2] = 99;
+    let renamed = grads(&batch, &renamed, 5, false);
+    let names: Vec<String> = model
+        .trainable()
+        .iter()
+        .map(|p| p.name().to_owned())
+        .collect();
+    let distance = |a: &[f32], b: &[f32]| {
+        let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        a.iter()
+            .zip(b)
+            .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+            / scale
+    };
+    let (mut seed_moved, mut id_moved) = (0.0f32, 0.0f32);
+    for (at, name) in names.iter().enumerate() {
+        let flat = &flat[at];
+        assert!(flat.iter().any(|&v| v != 0.0), "{name}: zero gradient");
+        for (what, ours) in [
+            ("padded", &padded[at]),
+            ("one at a time", &alone[at]),
+            ("reversed and padded", &reversed[at]),
+            ("in two micro-batches", &split[at]),
+        ] {
+            assert_close(
+                &format!("{name}: {what} vs flattened"),
+                ours,
+                flat,
+                1e-7,
+                1e-4,
+            );
+        }
+        seed_moved = seed_moved.max(distance(&other_seed[at], flat));
+        id_moved = id_moved.max(distance(&renamed[at], flat));
+    }
+    assert!(
+        seed_moved > 1e-2,
+        "another seed moved the gradients by {seed_moved}"
+    );
+    assert!(
+        id_moved > 1e-2,
+        "another example id moved the gradients by {id_moved}"
+    );
 }
 
 #[test]

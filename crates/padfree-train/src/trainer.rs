@@ -1,10 +1,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use padfree_model::LlamaModel;
 use padfree_model::tensor::{
     Gradients, IntoHostVec, Tensor, backward, float_tensor, grad, take_grad, trainable,
 };
+use padfree_model::{DropoutDraw, LlamaModel};
 use padfree_pack::Example;
 
 use crate::AttentionMode;
@@ -970,8 +970,10 @@ impl Trainer {
         let mut overlapped: Option<Overlapped> = None;
         for (at, indices) in batches.iter().enumerate() {
             let batch: Vec<Example> = indices.iter().map(|&i| self.examples[i].clone()).collect();
-            self.model
-                .set_lora_dropout_seed(Some(self.dropout_seed(indices)));
+            self.model.set_lora_dropout(Some(DropoutDraw {
+                seed: self.dropout_seed(),
+                examples: indices.iter().map(|&i| i as u64).collect(),
+            }));
             let (model, attention, checkpointed) = (
                 &self.model,
                 self.config.attention,
@@ -1010,7 +1012,7 @@ impl Trainer {
             loss_sum += pass.loss_sum;
             fed_tokens += pass.fed_tokens;
         }
-        self.model.set_lora_dropout_seed(None);
+        self.model.set_lora_dropout(None);
         let device = self.model.device().clone().inner();
         grads.zero_where_missing(&self.model.trainable(), &device);
         let sharded = self.optimizer.is_sharded();
@@ -1153,18 +1155,15 @@ impl Trainer {
         crate::comm::shard_range(total, self.comm.world_size(), self.comm.rank())
     }
 
-    /// The seed of the LoRA dropout of this step's micro-batch of
-    /// `examples`: a function of the run's seed, the step and the examples
-    /// (not of the rank or the batch's place on it), so a resumed run, and
-    /// the same micro-batch on any rank of any world size, draw the same
-    /// masks.
-    fn dropout_seed(&self, examples: &[usize]) -> u64 {
+    /// The seed of this step's LoRA dropout: a function of the run's seed
+    /// and the step alone. The masks key each token by its example and its
+    /// position there (`DropoutDraw`), so a resumed run, padded and
+    /// padding-free batches, and any micro-batch split over any number of
+    /// ranks draw the same mask for the same token.
+    fn dropout_seed(&self) -> u64 {
         let mut hash = Fnv1a::new();
         hash.eat(self.config.seed);
         hash.eat(self.global_step as u64);
-        for &example in examples {
-            hash.eat(example as u64);
-        }
         hash.finish()
     }
 

@@ -46,7 +46,7 @@ use crate::tensor::{Tensor, float_tensor, linear};
 use crate::weights::quantized::QuantMatrix;
 
 /// The adapter's side of a LoRA layer.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LoraFactors {
     /// `alpha / r`.
     pub scale: f32,
@@ -188,7 +188,7 @@ pub fn composed_bf16_lora_linear(x: Tensor<2>, layer: LoraLayer<'_>) -> Tensor<2
     };
     let base = linear(round_tensor(x.clone()), &round_tensor(w));
     let dropped = match layer.factors.dropout {
-        Some(mask) => x * float_tensor(mask.values(n * c), [n, c], &device),
+        Some(mask) => x * float_tensor(mask.values(c), [n, c], &device),
         None => x,
     };
     let down = round_tensor(linear(round_tensor(dropped), &round_tensor(layer.a)));
@@ -225,7 +225,11 @@ impl HostOp<4> for Bf16LoraLinear {
             Base16::Quantized(quantized) => quant_matmul::forward_bf16(quantized, x.values, n),
             Base16::Dense(w16) => gemm_bf16::product(xv, View16::bf16(w16, o, c).t()),
         };
-        let dropped = self.factors.dropout.map(|mask| mask.dropped(x.values));
+        let dropped = self
+            .factors
+            .dropout
+            .as_ref()
+            .map(|mask| mask.dropped(x.values));
         // `down` is rounded to bf16 as the next product reads it, and as
         // it is stored: autocast's bf16 `lora_A` output either way.
         let down = gemm_bf16::product(
@@ -288,7 +292,7 @@ impl HostOp<4> for Bf16LoraLinear {
                 Vec::new()
             }
         };
-        let d_a = match self.factors.dropout {
+        let d_a = match &self.factors.dropout {
             Some(mask) if x_needed => {
                 let mut through = gemm_bf16::product(d_down_view, a_view);
                 mask.backward(x.values, &mut through, &mut dx);
@@ -315,7 +319,7 @@ struct LoraLinear {
 impl LoraLinear {
     /// `drop(x)`, or `x` itself without dropout.
     fn dropped<'x>(&self, x: &'x [f32]) -> std::borrow::Cow<'x, [f32]> {
-        match self.factors.dropout {
+        match &self.factors.dropout {
             Some(mask) => std::borrow::Cow::Owned(mask.dropped(x)),
             None => std::borrow::Cow::Borrowed(x),
         }
@@ -393,7 +397,7 @@ impl HostOp<4> for LoraLinear {
                 Vec::new()
             }
         };
-        let d_a = match self.factors.dropout {
+        let d_a = match &self.factors.dropout {
             // One pass draws the mask for both: the gradient through it
             // into `dx`, and the dropped input for `dA`.
             Some(mask) if x_needed => {
@@ -417,6 +421,7 @@ impl HostOp<4> for LoraLinear {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::dropout::RowKeys;
     use crate::kernels::test_util::{assert_within, random};
     use crate::tensor::{IntoHostVec, backward, cpu_device, float_tensor, frozen, grad, trainable};
     use crate::weights::gguf::GgmlType;
@@ -459,6 +464,18 @@ mod tests {
         Composed,
         Bf16,
         ComposedBf16,
+    }
+
+    /// Without dropout, and with a mask over the `N` rows.
+    fn dropouts() -> [Option<DropoutMask>; 2] {
+        [
+            None,
+            Some(DropoutMask {
+                p: 0.3,
+                seed: 11,
+                rows: RowKeys::indexed(N),
+            }),
+        ]
     }
 
     /// `[y, dx, dA, dB]` of `sum(op(x) * dy)`, the base dense or `quantized`.
@@ -523,7 +540,7 @@ mod tests {
         let inputs = inputs(rounded);
         let quant = q8_0(O, C);
         for quantized in [None, Some(&quant)] {
-            for dropout in [None, Some(DropoutMask { p: 0.3, seed: 11 })] {
+            for dropout in dropouts() {
                 let case = |what: &str| {
                     format!(
                         "bf16 {what} (quantized {}, dropout {})",
@@ -531,9 +548,9 @@ mod tests {
                         dropout.is_some()
                     )
                 };
-                let ours = run(Op::Bf16, &inputs, quantized, dropout);
-                let theirs = run(Op::ComposedBf16, &inputs, quantized, dropout);
-                let f32s = run(Op::Fused, &inputs, quantized, dropout);
+                let ours = run(Op::Bf16, &inputs, quantized, dropout.clone());
+                let theirs = run(Op::ComposedBf16, &inputs, quantized, dropout.clone());
+                let f32s = run(Op::Fused, &inputs, quantized, dropout.clone());
                 for (i, (what, tolerance)) in
                     [("y", 1e-2), ("dx", 4e-3), ("dA", 4e-3), ("dB", 1e-2)]
                         .into_iter()
@@ -567,9 +584,9 @@ mod tests {
         let inputs = inputs(|v| v);
         let quant = q8_0(O, C);
         for quantized in [None, Some(&quant)] {
-            for dropout in [None, Some(DropoutMask { p: 0.3, seed: 11 })] {
-                let ours = run(Op::Fused, &inputs, quantized, dropout);
-                let theirs = run(Op::Composed, &inputs, quantized, dropout);
+            for dropout in dropouts() {
+                let ours = run(Op::Fused, &inputs, quantized, dropout.clone());
+                let theirs = run(Op::Composed, &inputs, quantized, dropout.clone());
                 for ((what, a), b) in ["y", "dx", "dA", "dB"].iter().zip(&ours).zip(&theirs) {
                     let case = format!(
                         "{what} (quantized {}, dropout {})",

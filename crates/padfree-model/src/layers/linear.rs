@@ -84,7 +84,7 @@ impl<'a> Linear<'a> {
 
     /// `x W^T (+ the adapter's update)`: `[N, C] -> [N, O]`.
     pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
-        if let Some(adapter) = self.adapter {
+        if let Some(adapter) = &self.adapter {
             // Base and adapter in one op (`kernels/lora_linear.rs`).
             let layer = LoraLayer {
                 w: self.weight.value.clone(),

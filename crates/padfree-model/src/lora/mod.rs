@@ -29,8 +29,9 @@ use padfree_pack::SplitMix64;
 
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
+use crate::input::ModelInput;
 use crate::kernels::LoraFactors;
-use crate::kernels::dropout::{DropoutMask, mix};
+use crate::kernels::dropout::{DropoutMask, RowKeys, mix};
 use crate::precision::Bf16Weights;
 use crate::tensor::{Device, Tensor, float_tensor, trainable};
 use crate::weights::table::{LayerTensor, Param};
@@ -297,9 +298,10 @@ impl LoraConfig {
 pub(crate) struct Lora {
     pub(crate) config: LoraConfig,
     pub(crate) params: Vec<Param>,
-    /// Seeds this forward pass's dropout masks; `None` runs without dropout
-    /// (evaluation, checks, and every pass with `dropout = 0`).
-    pub(crate) dropout_seed: Option<u64>,
+    /// What this forward pass's dropout masks draw from; `None` runs
+    /// without dropout (evaluation, checks, and every pass with
+    /// `dropout = 0`).
+    pub(crate) dropout: Option<DropoutDraw>,
     /// The base model, as PEFT's `base_model_name_or_path` names it.
     pub(crate) base: String,
     /// `--bf16`: the bf16 copies of `params` (every `A` and `B`), made once
@@ -378,23 +380,43 @@ impl Lora {
         Ok(Self {
             config: lora.clone(),
             params,
-            dropout_seed: None,
+            dropout: None,
             base: String::new(),
             bf16: None,
         })
     }
 
-    /// The adapter of `target` in decoder layer `layer`, if it has one.
-    pub(crate) fn adapter(&self, layer: usize, target: LoraTarget) -> Option<Adapter<'_>> {
+    /// The key of every row of `input`, for its dropout masks: `None`
+    /// without dropout. Computed once per forward pass and lent to every
+    /// layer.
+    pub(crate) fn dropout_rows(
+        &self,
+        input: &ModelInput<'_>,
+    ) -> Result<Option<RowKeys>, ModelError> {
+        match &self.dropout {
+            Some(draw) if self.config.dropout > 0.0 => draw.row_keys(input).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The adapter of `target` in decoder layer `layer`, if it has one; its
+    /// dropout mask over `rows` (from [`Self::dropout_rows`]) when given.
+    pub(crate) fn adapter(
+        &self,
+        layer: usize,
+        target: LoraTarget,
+        rows: Option<&RowKeys>,
+    ) -> Option<Adapter<'_>> {
         let slot = self.config.targets.iter().position(|&t| t == target)?;
         let at = (layer * self.config.targets.len() + slot) * 2;
-        let dropout = match self.dropout_seed {
-            Some(seed) if self.config.dropout > 0.0 => Some(DropoutMask {
+        let dropout = match (&self.dropout, rows) {
+            (Some(draw), Some(rows)) => Some(DropoutMask {
                 p: self.config.dropout as f32,
                 seed: mix(
-                    seed,
+                    draw.seed,
                     (layer * LoraTarget::ALL.len() + target as usize) as u64,
                 ),
+                rows: rows.clone(),
             }),
             _ => None,
         };
@@ -421,8 +443,62 @@ impl Lora {
     }
 }
 
+/// What the LoRA dropout of a training forward pass draws from: a seed
+/// (the run's and the optimizer step's) and the example every sequence of
+/// the batch holds. A value's mask is then a function of (seed, layer,
+/// module, example, position in the example, column): the same token gets
+/// the same mask padded or flattened, alone or in any micro-batch, on any
+/// rank and device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DropoutDraw {
+    /// The step's seed.
+    pub seed: u64,
+    /// `[B]`: an id of each sequence's example, in the batch's order (the
+    /// trainer's index into the data set).
+    pub examples: Vec<u64>,
+}
+
+impl DropoutDraw {
+    /// `[N]`: row `n` keyed by (its example, its position there).
+    fn row_keys(&self, input: &ModelInput<'_>) -> Result<RowKeys, ModelError> {
+        let lengths: Vec<usize> = match input {
+            ModelInput::Varlen(batch) | ModelInput::VarlenPerLayer(batch) => {
+                batch.meta().seq_lens().collect()
+            }
+            ModelInput::Padded(batch) => vec![batch.seq_len(); batch.batch_size()],
+        };
+        let positions = input.rows().position_ids();
+        let sequences = lengths.len();
+        let mismatch = || ModelError::Config {
+            field: "lora_dropout",
+            message: format!(
+                "the batch holds {} sequences of {} rows, its dropout draw names {} examples",
+                sequences,
+                positions.len(),
+                self.examples.len()
+            ),
+            hint: "this is a bug in padfree; please report it",
+        };
+        if lengths.len() != self.examples.len() || lengths.iter().sum::<usize>() != positions.len()
+        {
+            return Err(mismatch());
+        }
+        let mut keys = Vec::with_capacity(positions.len());
+        for (&example, len) in self.examples.iter().zip(lengths.iter().copied()) {
+            let start = keys.len();
+            let sequence = positions.get(start..start + len).ok_or_else(mismatch)?;
+            keys.extend(
+                sequence
+                    .iter()
+                    .map(|&position| RowKeys::token(example, position)),
+            );
+        }
+        Ok(RowKeys::new(keys))
+    }
+}
+
 /// The adapter of one linear layer, borrowed for a forward pass.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Adapter<'a> {
     /// `[r, C]`.
     pub(crate) a: &'a Param,
@@ -441,7 +517,7 @@ impl Adapter<'_> {
     pub(crate) fn factors(&self) -> LoraFactors {
         LoraFactors {
             scale: self.scale,
-            dropout: self.dropout,
+            dropout: self.dropout.clone(),
         }
     }
 }

@@ -86,7 +86,7 @@ impl LlamaModel {
     /// several parts: add them), with the number of leading
     /// [`Self::gradient_buckets`] complete once that part is added (it
     /// only grows; a batch without labels hands over no part). The LoRA dropout masks are the model's
-    /// (its dropout seed), the same in the forward pass and the recomputation.
+    /// (its dropout draw), the same in the forward pass and the recomputation.
     /// The head runs on `head_chunk_rows` labelled rows at a time
     /// ([`Self::head_chunk_rows`] keeps a chunk's logits to
     /// [`HEAD_CHUNK_BYTES`]).
@@ -100,12 +100,12 @@ impl LlamaModel {
         let layers = self.config.num_hidden_layers;
         // The inputs of every layer and of the final norm, `L + 1` of
         // `[T, C]`, off the graph (the weights shared, not copied).
-        let off = self.off_graph(self.lora.as_ref().and_then(|lora| lora.dropout_seed));
+        let off = self.off_graph(self.lora.as_ref().and_then(|lora| lora.dropout.clone()));
         let mut states: Vec<Tensor<2>> = Vec::with_capacity(layers + 1);
-        off.with_layout(input, |rope, layout| {
+        off.with_layout(input, |rope, layout, rows| {
             let mut x = off.embed(input);
             for layer in 0..layers {
-                let next = off.layer(layer)?.forward(x.clone(), rope, layout)?;
+                let next = off.layer(layer, rows)?.forward(x.clone(), rope, layout)?;
                 states.push(x);
                 x = next;
             }
@@ -143,13 +143,15 @@ impl LlamaModel {
         }
 
         // The layers, last to first, each recomputed on the graph.
-        self.with_layout(input, |rope, layout| {
+        self.with_layout(input, |rope, layout, rows| {
             for layer in (0..layers).rev() {
                 let (Some(g), Some(state)) = (upstream.take(), states.pop()) else {
                     return Err(bug("a layer's input or upstream gradient is missing"));
                 };
                 let leaf = trainable(Tensor::from_inner(state));
-                let out = self.layer(layer)?.forward(leaf.clone(), rope, layout)?;
+                let out = self
+                    .layer(layer, rows)?
+                    .forward(leaf.clone(), rope, layout)?;
                 // d(sum(out * g))/d(out) = g: the upstream gradient seeds
                 // this segment's backward pass.
                 let gradients = backward(&(out * Tensor::from_inner(g)).sum());
