@@ -17,8 +17,10 @@
 //! token and layer, `L + 1` of them), one layer's activations and the
 //! upstream gradient at a time, and the head's logits of one chunk of
 //! labelled rows. Under `--bf16` SwiGLU keeps gate and up as bf16 and
-//! `down_proj` its input, so the MLP's `3I` count as `3I/2`; the weights'
-//! bf16 copies are counted with the weights. Figures measured against it
+//! `down_proj` its input, so the MLP's `3I` count as `3I/2`, and the
+//! attention kernel its inputs and output (`o_proj` the output), so their
+//! `3HD + 2HkvD` count half; the weights' bf16 copies are counted with the
+//! weights. Figures measured against it
 //! are in docs/benchmarks/2026-12-01-lora.md.
 //!
 //! # Shapes
@@ -49,7 +51,8 @@ impl MemoryEstimate {
 
 /// f32 values (or their bytes' worth) kept per token and decoder layer
 /// (see the module docs); under `--bf16` SwiGLU keeps gate and up, and
-/// `down_proj` its input, as bf16: `3I/2` instead of `3I`.
+/// `down_proj` its input, as bf16: `3I/2` instead of `3I`; the attention
+/// kernel keeps q, k, v and its output, and `o_proj` that output, as bf16.
 pub fn activation_floats_per_token_layer(
     config: &LlamaConfig,
     lora: Option<&LoraConfig>,
@@ -60,11 +63,14 @@ pub fn activation_floats_per_token_layer(
     let kv = (config.num_key_value_heads * config.head_dim) as u64;
     let i = config.intermediate_size as u64;
     let adapters = lora.map_or(0, |lora| 2 * lora.r as u64 * lora.targets.len() as u64);
-    let mlp = match precision {
-        Precision::F32 => 3 * i,
-        Precision::Bf16 => (3 * i).div_ceil(2),
+    // The attention kernel's inputs and output, and o_proj's input (the
+    // same output): bf16 under `--bf16` (`kernels/attention/bf16.rs`).
+    let attention = (q + 2 * kv) + 2 * q;
+    let (mlp, attention) = match precision {
+        Precision::F32 => (3 * i, attention),
+        Precision::Bf16 => ((3 * i).div_ceil(2), attention.div_ceil(2)),
     };
-    3 * c + 2 * (q + kv) + (q + 2 * kv) + 2 * q + mlp + adapters
+    3 * c + 2 * (q + kv) + attention + mlp + adapters
 }
 
 /// The estimate for training `config` on micro-batches of at most `tokens`
@@ -150,13 +156,19 @@ mod tests {
         assert!(adapted.activations < full.activations + full.activations / 10);
     }
 
-    /// bf16 keeps the MLP's three `[T, I]` activations in half the bytes.
+    /// bf16 keeps the MLP's three `[T, I]` activations, and the attention
+    /// kernel's q, k, v and output (twice: o_proj's input), in half the bytes.
     #[test]
-    fn bf16_halves_the_mlp_activations() {
+    fn bf16_halves_the_mlp_and_attention_activations() {
         let config = LlamaConfig::medium();
         let count = |p| activation_floats_per_token_layer(&config, None, p);
         let i = config.intermediate_size as u64;
-        assert_eq!(count(Precision::F32) - count(Precision::Bf16), 3 * i / 2);
+        let q = (config.num_attention_heads * config.head_dim) as u64;
+        let kv = (config.num_key_value_heads * config.head_dim) as u64;
+        assert_eq!(
+            count(Precision::F32) - count(Precision::Bf16),
+            3 * i / 2 + (3 * q + 2 * kv) / 2
+        );
     }
 
     #[test]

@@ -191,13 +191,15 @@ fn the_bf16_copies_are_the_rounded_weights_and_count_their_refreshes() {
 /// transformers under `torch.autocast("cpu", torch.bfloat16)` (HF's
 /// Trainer with `bf16=True`) on llama-tiny's fixture batch
 /// (`scripts/make_reference.py --bf16`). Both round every matmul operand
-/// to bf16; they differ where autocast rounds and padfree does not: HF's
-/// eager attention multiplies bf16 queries, keys, probabilities and
-/// values, padfree's attention kernel stays f32. Each such rounding is
-/// 2^-9 relative, so the tolerances are bf16's, not f32's: logits within
-/// 1e-2 (of O(1) values; seen 3.9e-3, one bf16 step; f32 agrees to 2e-5),
-/// the mean loss within 2e-4 relative (seen 5e-5), each gradient within
-/// 3e-2 of its largest value (seen at most 1.8%, `down_proj` of layer 1).
+/// and the attention's queries, keys, values and output to bf16; they
+/// differ where autocast rounds and padfree does not: HF's eager attention
+/// also rounds the probabilities before `P V`, and its elementwise ops
+/// (RoPE, SiLU) round after each op. Each such rounding is 2^-9 relative,
+/// so the tolerances are bf16's, not f32's: logits within 1e-2 (of O(1)
+/// values; seen 3.9e-3, one bf16 step; f32 agrees to 2e-5), the mean loss
+/// within 2e-4 relative (seen 3.8e-5; 5.4e-5 before the attention took bf16
+/// inputs), each gradient within 3e-2 of its largest value (seen at most
+/// 1.8%, `down_proj` of layer 1).
 /// On this two-layer model HF's own bf16 and f32 logits lie as far apart
 /// as padfree's bf16 and HF's (2.8e-3 and 3.9e-3), so the fixture bounds
 /// the error; the f32 tests bound everything else.

@@ -95,7 +95,7 @@ pub fn composed_bf16_linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
 
 /// `x` with its values rounded to bf16 (still f32), differentiable as the
 /// identity (the straight-through gradient of rounding).
-pub(super) fn round_tensor(x: Tensor<2>) -> Tensor<2> {
+pub(crate) fn round_tensor(x: Tensor<2>) -> Tensor<2> {
     let dims = x.dims();
     let device = x.device();
     let values = crate::tensor::with_host_values(x.clone(), |v| {

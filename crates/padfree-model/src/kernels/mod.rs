@@ -44,11 +44,12 @@ mod simd;
 mod swiglu;
 
 pub use attention::{
-    AttentionRows, CausalMasks, composed_padded_attention, composed_varlen_attention,
-    varlen_attention,
+    AttentionRows, CausalMasks, bf16_varlen_attention, composed_padded_attention,
+    composed_varlen_attention, varlen_attention,
 };
 pub use cross_entropy::{composed_cross_entropy_sum, cross_entropy_sum};
 pub use host_op::UnsupportedTensor;
+pub(crate) use linear::round_tensor;
 pub use linear::{
     bf16_linear, bf16_linear_storing_input, composed_bf16_linear, composed_linear, fused_linear,
 };

@@ -5,8 +5,8 @@ use super::norm::RmsNorm;
 use super::rope::Rope;
 use crate::error::ModelError;
 use crate::kernels::{
-    AttentionRows, CausalMasks, composed_padded_attention, composed_varlen_attention,
-    varlen_attention,
+    AttentionRows, CausalMasks, bf16_varlen_attention, composed_padded_attention,
+    composed_varlen_attention, round_tensor, varlen_attention,
 };
 use crate::tensor::{Bool, Tensor};
 use crate::weights::table::Param;
@@ -122,6 +122,21 @@ impl Attention<'_> {
         let v = project(x, &self.v_proj, self.v_bias)?.reshape([n, hkv, d]);
         let q = rope.apply(per_head_norm(q, h, d, self.q_norm.as_ref())?)?;
         let k = rope.apply(per_head_norm(k, hkv, d, self.k_norm.as_ref())?)?;
+        let bf16 = self.o_proj.is_bf16();
+        // Under `--bf16` the composed oracles take the values the fused
+        // kernel takes (q, k, v rounded to bf16: autocast's attention
+        // inputs), and their output is rounded as the fused op's is.
+        let composed_inputs = |q: Tensor<3>, k: Tensor<3>, v: Tensor<3>| {
+            if bf16 {
+                (round_3d(q), round_3d(k), round_3d(v))
+            } else {
+                (q, k, v)
+            }
+        };
+        let composed_output = |context: Tensor<3>| {
+            let context = self.heads_joined(context);
+            if bf16 { round_tensor(context) } else { context }
+        };
         let context = match layout {
             AttentionLayout::Varlen {
                 rows,
@@ -133,7 +148,10 @@ impl Attention<'_> {
                 kernel: AttentionKernel::Composed,
                 masks,
                 ..
-            } => self.heads_joined(composed_varlen_attention(q, k, v, meta, masks)),
+            } => {
+                let (q, k, v) = composed_inputs(q, k, v);
+                composed_output(composed_varlen_attention(q, k, v, meta, masks))
+            }
             AttentionLayout::VarlenPerLayer {
                 position_ids,
                 kernel,
@@ -152,7 +170,8 @@ impl Attention<'_> {
                     }
                     AttentionKernel::Composed => {
                         let masks = CausalMasks::new(meta.seq_lens(), &q.device());
-                        self.heads_joined(composed_varlen_attention(q, k, v, &meta, &masks))
+                        let (q, k, v) = composed_inputs(q, k, v);
+                        composed_output(composed_varlen_attention(q, k, v, &meta, &masks))
                     }
                 }
             }
@@ -164,15 +183,22 @@ impl Attention<'_> {
                 batch_size,
                 seq_len,
                 kernel: PaddedAttention::Composed { mask },
-            } => self.heads_joined(composed_padded_attention(
-                q,
-                k,
-                v,
-                *batch_size,
-                *seq_len,
-                (**mask).clone(),
-            )),
+            } => {
+                let (q, k, v) = composed_inputs(q, k, v);
+                composed_output(composed_padded_attention(
+                    q,
+                    k,
+                    v,
+                    *batch_size,
+                    *seq_len,
+                    (**mask).clone(),
+                ))
+            }
         };
+        if bf16 {
+            // bf16-valued, so o_proj keeps it as bf16, exactly.
+            return self.o_proj.forward_storing_input(context);
+        }
         self.o_proj.forward(context)
     }
 
@@ -187,7 +213,11 @@ impl Attention<'_> {
         rows: &AttentionRows,
     ) -> Result<Tensor<2>, ModelError> {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let context = varlen_attention(q, k, v, rows, scale)?;
+        let context = if self.o_proj.is_bf16() {
+            bf16_varlen_attention(q, k, v, rows, scale)?
+        } else {
+            varlen_attention(q, k, v, rows, scale)?
+        };
         Ok(self.heads_joined(context))
     }
 
@@ -226,4 +256,10 @@ fn per_head_norm(
             .reshape([n, heads, d]),
         None => x.reshape([n, heads, d]),
     })
+}
+
+/// `x` rounded to bf16 (still f32), the gradient passed straight through.
+fn round_3d(x: Tensor<3>) -> Tensor<3> {
+    let [n, heads, d] = x.dims();
+    round_tensor(x.reshape([n, heads * d])).reshape([n, heads, d])
 }

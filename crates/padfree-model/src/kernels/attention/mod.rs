@@ -17,6 +17,9 @@
 //! copied out once (keys also transposed), then queries go four rows at a
 //! time through register-tiled micro-kernels (bottom of the kernel section).
 //!
+//! `bf16.rs` is the same op under `--bf16` (bf16 inputs and output, kept
+//! as bf16 for the backward pass, on this file's kernel).
+//!
 //! This file holds, in order: the differentiable burn op
 //! ([`varlen_attention`], through `host_op`), the host kernel (`forward`,
 //! `backward`), and the slow, obvious oracle it is tested against
@@ -41,8 +44,11 @@ use crate::tensor::{
     Bool, Device, Tensor, cat, causal_mask, float_tensor, mask_fill, narrow, softmax_last,
 };
 
+mod bf16;
 #[cfg(feature = "wgpu")]
 mod cube;
+
+pub use bf16::bf16_varlen_attention;
 
 // ---- the differentiable burn op ----
 
