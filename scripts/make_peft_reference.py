@@ -18,6 +18,11 @@ Usage (from the repository root, in a virtual environment):
 The fixture lands in fixtures/peft/llama-tiny-lora/ and is committed; the
 tests need no Python.
 
+With `--bf16` it loads the committed adapter onto the base (as `make` does
+after saving it) and writes expected-bf16.safetensors beside it: the same
+batch under `torch.autocast("cpu", torch.bfloat16)` (HF's Trainer with
+`bf16=True` and PEFT), logits, loss and every adapter gradient as float32.
+
 With `--check DIR` it instead loads the adapter padfree wrote in DIR onto the
 same base with PEFT and compares PEFT's logits with DIR/logits.safetensors
 (written by padfree's test when PADFREE_PEFT_CHECK_DIR is set).
@@ -126,6 +131,24 @@ def make():
     print(f"{OUT}: loss {out.loss.item():.6f}, {grads} adapter gradients")
 
 
+def make_bf16():
+    loaded = PeftModel.from_pretrained(base_model(), OUT, is_trainable=True)
+    batch = DataCollatorWithFlattening(return_tensors="pt")(features(loaded.config.vocab_size))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = forward(loaded, batch)
+    out.loss.backward()
+    expected = {
+        "logits": out.logits[0].detach().float().contiguous(),
+        "loss": out.loss.detach().float().reshape(1),
+    }
+    for name, param in loaded.named_parameters():
+        if param.requires_grad:
+            expected[f"grad.{name.replace('.default', '')}"] = param.grad.detach().float().contiguous()
+    save_file(expected, OUT / "expected-bf16.safetensors")
+    print(f"{OUT}/expected-bf16.safetensors: loss {out.loss.item():.6f} under bf16 autocast "
+          f"(peft {peft.__version__}, transformers {transformers.__version__}, torch {torch.__version__})")
+
+
 def check(directory):
     directory = pathlib.Path(directory)
     model = PeftModel.from_pretrained(base_model(), directory)
@@ -147,5 +170,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     if len(sys.argv) == 3 and sys.argv[1] == "--check":
         check(sys.argv[2])
+    elif sys.argv[1:] == ["--bf16"]:
+        make_bf16()
     else:
         make()

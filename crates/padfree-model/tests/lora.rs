@@ -349,6 +349,83 @@ fn adapter_files_round_trip_bit_exactly() {
     assert!(err.contains("up_proj.lora_B.weight"), "{err}");
 }
 
+/// The same PEFT adapter under bf16 autocast (HF's Trainer with
+/// `bf16=True`: `scripts/make_peft_reference.py --bf16`): padfree's
+/// `--bf16` LoRA against it. Both round every matmul operand (base, `A`,
+/// `B`, activations) and the attention's inputs and output to bf16; they
+/// differ where autocast rounds and padfree does not (each op's output
+/// before the next: the adapter's scaled product before it is added to
+/// the base's, RoPE and SiLU after each step; the attention's
+/// probabilities), each 2^-9 relative. So bf16's tolerances, as for the
+/// full model's HF bf16 fixture (`bf16.rs`): logits within 2e-2 (seen
+/// 4.4e-3; PEFT's own bf16 and f32 logits lie 3.4e-3 from ours and as far
+/// from each other, so on this tiny model the fixture bounds the error),
+/// the mean loss 2e-4 relative (seen 3.5e-5), every adapter gradient
+/// within 3e-2 of its largest value (seen at most 1.5%, layer 1's
+/// `gate_proj` A).
+#[test]
+fn peft_adapters_match_peft_under_bf16_autocast() {
+    use padfree_model::Precision;
+    use safetensors::SafeTensors;
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/peft/llama-tiny-lora");
+    let f32_bytes = std::fs::read(fixture.join("expected.safetensors")).expect("fixture present");
+    let f32_expected = SafeTensors::deserialize(&f32_bytes).expect("valid fixture");
+    let bytes = std::fs::read(fixture.join("expected-bf16.safetensors")).expect("bf16 fixture");
+    let expected = SafeTensors::deserialize(&bytes).expect("valid fixture");
+    let labels = common::ints(&f32_expected, "labels");
+    let batch = flatten(&common::fixture_examples(&f32_expected, &labels)).expect("flattens");
+
+    let mut model = LlamaModel::from_hf_dir(&common::fixture_dir("llama-tiny"), &cpu_device(true))
+        .expect("loads the base");
+    model.load_adapter(&fixture).expect("loads PEFT's adapter");
+    let model = model.with_precision(Precision::Bf16).expect("bf16 LoRA");
+    let input = ModelInput::Varlen(&batch);
+    let logits = model.forward(&input).expect("forward");
+    let ours = host(logits.clone());
+    let theirs = common::floats(&expected, "logits");
+    let (diff, _) = common::max_diff(&ours, &theirs);
+    let (f32_diff, _) = common::max_diff(&ours, &common::floats(&f32_expected, "logits"));
+    eprintln!("logits: max diff {diff:e} from PEFT bf16, {f32_diff:e} from PEFT f32");
+    assert_close("logits vs PEFT bf16", &ours, &theirs, 2e-2, 0.0);
+    let mean = causal_lm_loss(logits, &input.targets())
+        .expect("loss")
+        .mean();
+    let loss = host(mean.clone())[0];
+    let (peft_bf16, peft_f32) = (
+        common::floats(&expected, "loss")[0],
+        common::floats(&f32_expected, "loss")[0],
+    );
+    eprintln!("loss: ours {loss}, PEFT bf16 {peft_bf16}, PEFT f32 {peft_f32}");
+    assert!(
+        loss != peft_f32,
+        "bf16 must not give PEFT's f32 loss exactly"
+    );
+    assert!(
+        (loss - peft_bf16).abs() <= 2e-4 * peft_bf16.abs(),
+        "loss {loss} vs PEFT bf16 {peft_bf16}"
+    );
+    let grads = backward(&mean);
+    let mut compared = 0;
+    for param in model.trainable() {
+        let ours = grad(&param.value, &grads)
+            .expect("adapter gradient")
+            .into_vec();
+        let theirs = common::floats(&expected, &format!("grad.{}", param.name()));
+        let (diff, scale) = common::max_diff(&ours, &theirs);
+        eprintln!("{}: max diff {diff:.3e} of {scale:.3e}", param.name());
+        assert_close(
+            &format!("{}: gradient vs PEFT bf16", param.name()),
+            &ours,
+            &theirs,
+            1e-7,
+            3e-2,
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 2 * 7 * 2, "A and B of 7 modules in 2 layers");
+}
+
 /// PEFT's own adapter (`scripts/make_peft_reference.py`: every linear layer
 /// of the tiny Llama fixture, `B` random), loaded by padfree: the logits,
 /// loss and every adapter gradient PEFT computed on the same flattened
