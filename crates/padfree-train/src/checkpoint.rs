@@ -41,7 +41,7 @@ pub const INTEGRITY_FILE: &str = "integrity.json";
 /// Tag of the integrity record's layout.
 const INTEGRITY_FORMAT: &str = "padfree-checkpoint-integrity/1";
 /// Name prefix of a checkpoint being written.
-const TEMP_PREFIX: &str = ".tmp-checkpoint-";
+pub(crate) const TEMP_PREFIX: &str = ".tmp-checkpoint-";
 
 /// Everything a checkpoint holds, lent by the trainer.
 #[derive(Debug, Clone, Copy)]

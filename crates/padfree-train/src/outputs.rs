@@ -6,7 +6,9 @@
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{STATE_FILE, remove_stale_temporaries, to_json, write_atomically};
+use crate::checkpoint::{
+    STATE_FILE, TEMP_PREFIX, remove_stale_temporaries, to_json, write_atomically,
+};
 use crate::error::TrainError;
 use crate::metrics::{LogRecord, TrainSummary};
 use crate::state::TrainerState;
@@ -23,10 +25,32 @@ pub const RESULTS_FILE: &str = "train_results.json";
 /// Call it holding the directory's [`OutputLock`], which it ignores.
 pub fn prepare_output_dir(dir: &Path, overwrite: bool, resuming: bool) -> Result<(), TrainError> {
     std::fs::create_dir_all(dir).map_err(|err| unusable(dir, "cannot be created", &err))?;
-    let mut entries = std::fs::read_dir(dir)
-        .map_err(|err| unusable(dir, "cannot be read", &err))?
-        .filter(|e| e.as_ref().map_or(true, |e| e.file_name() != LOCK_FILE));
-    if entries.next().is_some() && !overwrite && !resuming {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|err| unusable(dir, "cannot be read", &err))? {
+        let entry = entry.map_err(|err| unusable(dir, "cannot be read", &err))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != LOCK_FILE {
+            names.push(name);
+        }
+    }
+    if !names.is_empty() && !overwrite && !resuming {
+        names.sort();
+        // What a run killed before its first checkpoint leaves: there is
+        // nothing to resume, so the generic HINT's resume would not help.
+        let leftovers = names.iter().all(|name| {
+            name == METRICS_FILE || name == LOSS_PLOT_FILE || name.starts_with(TEMP_PREFIX)
+        });
+        if leftovers {
+            return Err(TrainError::Config {
+                flag: "output-dir",
+                message: format!(
+                    "{} holds only what a run that stopped before its first checkpoint left ({}): there is no checkpoint to resume",
+                    dir.display(),
+                    names.join(", ")
+                ),
+                hint: "pass --overwrite-output-dir to start afresh there (a temporary checkpoint is removed), or choose another --output-dir",
+            });
+        }
         return Err(TrainError::Config {
             flag: "output-dir",
             message: format!("{} exists and is not empty", dir.display()),
@@ -261,4 +285,45 @@ fn loss_plot(state: &TrainerState) -> Result<Vec<u8>, String> {
         format!("training and eval loss ({})", state.config.attention.name())
     };
     padfree_plot::line_chart_png(&title, "optimizer step", "loss (nats/token)", &series)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run killed before its first checkpoint leaves `metrics.jsonl` and a
+    /// temporary checkpoint: a fresh start there is refused with a message
+    /// that says so and a HINT that does not send the user to resume; with
+    /// `--overwrite-output-dir` the temporary goes. Any other content keeps
+    /// the generic message.
+    #[test]
+    fn leftovers_of_a_run_stopped_before_its_first_checkpoint_are_named() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join(METRICS_FILE), "{}\n").expect("write");
+        std::fs::write(dir.path().join(LOCK_FILE), "").expect("write");
+        let temporary = dir.path().join(format!("{TEMP_PREFIX}2-21111"));
+        std::fs::create_dir(&temporary).expect("mkdir");
+        let err = prepare_output_dir(dir.path(), false, false)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "holds only what a run that stopped before its first checkpoint left ({TEMP_PREFIX}2-21111, metrics.jsonl): there is no checkpoint to resume"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains("HINT: pass --overwrite-output-dir to start afresh there"),
+            "{err}"
+        );
+        prepare_output_dir(dir.path(), true, false).expect("overwrite");
+        assert!(!temporary.exists(), "the temporary checkpoint is removed");
+
+        std::fs::create_dir(dir.path().join("checkpoint-3")).expect("mkdir");
+        let err = prepare_output_dir(dir.path(), false, false)
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("exists and is not empty"), "{err}");
+        assert!(err.contains("--resume-from-checkpoint"), "{err}");
+    }
 }
