@@ -21,9 +21,7 @@
 //! `q`, `out`, `dq`: `[T, H, D]`; `k`, `v`, `dk`, `dv`: `[T, Hkv, D]`;
 //! `lse`: `[T, H]`.
 
-use std::sync::Arc;
-
-use super::{AttentionDims, AttentionRows, Qkv, backward, forward};
+use super::{AttentionDims, AttentionRows, Qkv, VarlenAttention};
 use crate::kernels::bf16::{load, round_in_place, store};
 use crate::kernels::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use crate::tensor::Tensor;
@@ -43,7 +41,7 @@ pub fn bf16_varlen_attention(
         ));
     }
     let [_, num_heads, head_dim] = q.dims();
-    let op = Bf16VarlenAttention {
+    let op = Bf16VarlenAttention(VarlenAttention {
         cu_seqlens: rows.cu_seqlens.clone(),
         dims: AttentionDims {
             num_heads,
@@ -51,16 +49,13 @@ pub fn bf16_varlen_attention(
             head_dim,
         },
         scale,
-    };
+    });
     apply(op, [q, k, v])
 }
 
+/// The f32 op's settings and kernel, with bf16 in, out and kept.
 #[derive(Debug, Clone)]
-struct Bf16VarlenAttention {
-    cu_seqlens: Arc<[u32]>,
-    dims: AttentionDims,
-    scale: f32,
-}
+struct Bf16VarlenAttention(VarlenAttention);
 
 /// `values` rounded to bf16, kept as f32.
 fn rounded(values: &[f32]) -> Vec<f32> {
@@ -100,22 +95,13 @@ impl HostOp<3> for Bf16VarlenAttention {
     const KEEPS_INPUTS: bool = false;
 
     fn forward(&self, [q, k, v]: [HostTensor<'_>; 3]) -> HostOutput {
+        let shape = q.shape.to_vec();
         let (q, k, v) = (rounded(q.values), rounded(k.values), rounded(v.values));
-        let shape = vec![
-            q.len() / self.dims.q_row(),
-            self.dims.num_heads,
-            self.dims.head_dim,
-        ];
-        let result = forward(
-            Qkv {
-                q: &q,
-                k: &k,
-                v: &v,
-            },
-            &self.cu_seqlens,
-            self.dims,
-            self.scale,
-        );
+        let result = self.0.run_forward(Qkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        });
         let mut out = result.out;
         round_in_place(&mut out);
         let mut saved = store(&q);
@@ -147,26 +133,19 @@ impl HostOp<3> for Bf16VarlenAttention {
             load(v16, kv_len),
             load(out16, q_len),
         );
-        let grads = backward(
-            Qkv {
-                q: &q,
-                k: &k,
-                v: &v,
-            },
-            &out,
-            lse,
-            d_out,
-            &self.cu_seqlens,
-            self.dims,
-            self.scale,
-        );
-        [grads.dq, grads.dk, grads.dv]
+        let inputs = Qkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        };
+        self.0.gradients(inputs, &out, lse, d_out)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::attention::{backward, forward};
     use crate::kernels::bf16::rounded as round_one;
     use crate::kernels::{CausalMasks, composed_varlen_attention};
     use crate::tensor::{
@@ -227,11 +206,11 @@ mod tests {
         );
         let expected_out: Vec<f32> = f32_kernel.out.iter().map(|&x| round_one(x)).collect();
 
-        let op = Bf16VarlenAttention {
+        let op = Bf16VarlenAttention(VarlenAttention {
             cu_seqlens: cu.clone().into(),
             dims,
             scale: 0.3,
-        };
+        });
         let q_shape = [t, dims.num_heads, dims.head_dim];
         let kv_shape = [t, dims.num_kv_heads, dims.head_dim];
         let output = op.forward([

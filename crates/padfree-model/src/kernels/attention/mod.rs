@@ -142,6 +142,7 @@ fn gpu_attention(
     ))
 }
 
+/// The op's settings, shared with the bf16 op (`bf16.rs`).
 #[derive(Debug, Clone)]
 struct VarlenAttention {
     cu_seqlens: Arc<[u32]>,
@@ -149,16 +150,35 @@ struct VarlenAttention {
     scale: f32,
 }
 
+impl VarlenAttention {
+    fn run_forward(&self, inputs: Qkv<'_>) -> ForwardOutput {
+        forward(inputs, &self.cu_seqlens, self.dims, self.scale)
+    }
+
+    /// `[dq, dk, dv]`.
+    fn gradients(&self, inputs: Qkv<'_>, out: &[f32], lse: &[f32], d_out: &[f32]) -> [Vec<f32>; 3] {
+        let grads = backward(
+            inputs,
+            out,
+            lse,
+            d_out,
+            &self.cu_seqlens,
+            self.dims,
+            self.scale,
+        );
+        [grads.dq, grads.dk, grads.dv]
+    }
+}
+
 impl HostOp<3> for VarlenAttention {
     /// Saves one log-sum-exp per row and head, `[T, H]`, not the `[L, L]`
     /// probabilities.
     fn forward(&self, [q, k, v]: [HostTensor<'_>; 3]) -> HostOutput {
-        let inputs = Qkv {
+        let forward = self.run_forward(Qkv {
             q: q.values,
             k: k.values,
             v: v.values,
-        };
-        let forward = forward(inputs, &self.cu_seqlens, self.dims, self.scale);
+        });
         HostOutput {
             values: forward.out,
             shape: q.shape.to_vec(),
@@ -179,16 +199,7 @@ impl HostOp<3> for VarlenAttention {
             k: k.values,
             v: v.values,
         };
-        let grads = backward(
-            inputs,
-            output,
-            lse,
-            d_out,
-            &self.cu_seqlens,
-            self.dims,
-            self.scale,
-        );
-        [grads.dq, grads.dk, grads.dv]
+        self.gradients(inputs, output, lse, d_out)
     }
 }
 
