@@ -803,3 +803,39 @@ fn one_token_examples_get_a_hint_that_fits() {
         assert!(!err.contains("pass --train-on-inputs"), "{err}");
     }
 }
+
+/// What a run killed before its first checkpoint was whole leaves (found
+/// under `mpirun`, the same in one process): `metrics.jsonl` and a
+/// temporary checkpoint. A fresh start there says there is nothing to
+/// resume and hints `--overwrite-output-dir`, which then trains and removes
+/// the temporary.
+#[test]
+fn leftovers_from_before_the_first_checkpoint_are_named_not_resumed() {
+    let guard = scratch("leftovers");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let out = dir.join("run");
+    std::fs::create_dir_all(out.join(".tmp-checkpoint-2-99999")).expect("mkdir");
+    std::fs::write(out.join("metrics.jsonl"), "{\"step\": 1}\n").expect("write");
+    let output = run(&train_args(&config, &data, &out, 2, 1));
+    assert!(!output.status.success());
+    let text = stderr(&output);
+    assert!(
+        text.contains(&format!(
+            "--output-dir: {} holds only what a run that stopped before its first checkpoint left (.tmp-checkpoint-2-99999, metrics.jsonl): there is no checkpoint to resume",
+            out.display()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("HINT: pass --overwrite-output-dir to start afresh there (a temporary checkpoint is removed), or choose another --output-dir"),
+        "{text}"
+    );
+    let output = run(&with(
+        train_args(&config, &data, &out, 2, 1),
+        &["--overwrite-output-dir"],
+    ));
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(!out.join(".tmp-checkpoint-2-99999").exists());
+    assert!(out.join("checkpoint-2").is_dir());
+}
