@@ -27,9 +27,9 @@
 //!   vs one at a time on real batches, a perturbation, a per-layer trace).
 //! - `precision.rs`: [`Precision`] (`--bf16`) and the weights' bf16 copies,
 //!   made once per optimizer step.
-//! - [`memory`]: what a training step holds (weights, training state,
-//!   activations), estimated before loading.
-//! - [`flops`]: model FLOPs of a training step and the machine's peak (MFU).
+//! - [`cost`]: what a training step costs: [`memory`] (weights, training
+//!   state, activations), estimated before loading, and [`flops`] (model
+//!   FLOPs of a step and the machine's peak, for MFU).
 //!
 //! Modules depend one way: `tensor` <- `kernels` <- `layers` <- `model`;
 //! `config` <- `weights` <- `model`; nothing imports `model` back.
@@ -41,21 +41,21 @@
 
 pub mod check;
 mod config;
+pub mod cost;
 pub mod device;
 mod error;
-pub mod flops;
 mod input;
 pub mod kernels;
 pub mod layers;
 pub mod lora;
 mod loss;
-pub mod memory;
 mod model;
 mod precision;
 pub mod tensor;
 pub mod weights;
 
 pub use config::LlamaConfig;
+pub use cost::{flops, memory};
 pub use error::ModelError;
 pub use input::ModelInput;
 pub use kernels::CausalMasks;
