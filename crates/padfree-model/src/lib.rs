@@ -11,6 +11,8 @@
 //! # Map
 //! - `model.rs`: [`LlamaModel`] (parameters, forward, fused loss, load/save);
 //!   `model/checkpointing.rs`: per-layer gradient checkpointing;
+//!   `model/adapters.rs`: attaching, saving and merging LoRA adapters;
+//!   `model/bf16.rs`: `--bf16` on the model (the weights' bf16 copies);
 //!   `input.rs`: [`ModelInput`]; `loss.rs`: [`LossSum`], [`LabelRows`] and the
 //!   oracle loss [`causal_lm_loss`]; `config.rs`: [`LlamaConfig`] and presets.
 //! - [`layers`]: embedding, decoder layer, attention (strategy dispatch),

@@ -14,9 +14,9 @@ use crate::kernels::{AttentionRows, CausalMasks, bf16_linear, fused_linear};
 use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
-use crate::lora::{DropoutDraw, Lora, LoraConfig, LoraTarget, merged_weight, peft};
+use crate::lora::{DropoutDraw, Lora, LoraTarget};
 use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum};
-use crate::precision::{Bf16Weights, Precision};
+use crate::precision::Bf16Weights;
 use crate::tensor::{
     Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, frozen, int_tensor, linear,
     trainable,
@@ -29,6 +29,8 @@ use crate::weights::table::{
     Init, LayerTensor, Param, ParamSpec, index, layer_tensors, param_specs,
 };
 
+mod adapters;
+mod bf16;
 mod checkpointing;
 
 /// A Llama-family causal language model (`LlamaForCausalLM`).
@@ -288,207 +290,11 @@ impl LlamaModel {
         }
     }
 
-    /// The model with fresh LoRA adapters on `lora.targets` (PEFT's
-    /// initialisation, deterministic for `seed`); every base weight is
-    /// frozen from now on. `base` names the base model in the adapter files
-    /// (PEFT's `base_model_name_or_path`: a path or a hub name).
-    pub fn with_lora(
-        mut self,
-        lora: &LoraConfig,
-        seed: u64,
-        base: &str,
-    ) -> Result<Self, ModelError> {
-        let mut adapters = Lora::init(lora, &self.config, seed, &self.device)?;
-        adapters.base = base.to_owned();
-        self.attach(adapters);
-        Ok(self)
-    }
-
-    /// The model with the adapters saved in `dir` (PEFT's files, from
-    /// [`Self::save_adapter`] or PEFT's `save_pretrained`); the base weights
-    /// are frozen. Returns the base model the adapter config names.
-    pub fn load_adapter(&mut self, dir: &Path) -> Result<Option<String>, ModelError> {
-        let (adapters, base) = peft::read(dir, &self.config, &self.device)?;
-        self.attach(adapters);
-        Ok(base)
-    }
-
-    fn attach(&mut self, mut adapters: Lora) {
-        for param in &mut self.params {
-            param.value = frozen(param.value.clone());
-        }
-        if self.bf16.is_some() {
-            adapters.refresh_bf16();
-        }
-        self.lora = Some(adapters);
-    }
-
-    /// The adapters' settings, when the model has adapters.
-    pub fn lora_config(&self) -> Option<&LoraConfig> {
-        self.lora.as_ref().map(|lora| &lora.config)
-    }
-
-    /// Sets what the dropout of the next forward passes' adapters draws
-    /// from (`None`: no dropout). The trainer sets one per micro-batch:
-    /// the run's seed and the step, and the micro-batch's examples by
-    /// their index in the data set, so a resumed run, any layout and any
-    /// micro-batch split draw the same masks for the same tokens.
-    pub fn set_lora_dropout(&mut self, draw: Option<DropoutDraw>) {
-        if let Some(lora) = &mut self.lora {
-            lora.dropout = draw;
-        }
-    }
-
-    /// Writes `adapter_model.safetensors` and `adapter_config.json` into
-    /// `dir`. Refused without adapters.
-    pub fn save_adapter(&self, dir: &Path) -> Result<(), ModelError> {
-        let lora = self.lora.as_ref().ok_or_else(|| ModelError::Config {
-            field: "lora",
-            message: "the model has no LoRA adapters to save".into(),
-            hint: "train with --use-peft, or save the full model",
-        })?;
-        peft::write(dir, lora)
-    }
-
-    /// The model with every adapter folded into its layer's weight
-    /// (`W + (alpha / r) B A`), no adapters left: what `--merge-adapter`
-    /// saves. The same model without adapters when it has none.
-    pub fn merged(&self) -> Self {
-        let mut merged = self.clone();
-        let Some(lora) = merged.lora.take() else {
-            return merged;
-        };
-        let per_layer = self.layer_tensors.len();
-        let (scale, r) = (lora.config.scale(), lora.config.r);
-        for layer in 0..self.config.num_hidden_layers {
-            for (slot, target) in lora.config.targets.iter().enumerate() {
-                let at = (layer * lora.config.targets.len() + slot) * 2;
-                let (a, b) = (&lora.params[at], &lora.params[at + 1]);
-                let index = index::layer_start(layer, per_layer) + target.layer_tensor() as usize;
-                let dense = match merged.quantized.get_mut(index).and_then(Option::take) {
-                    Some(quantized) => quantized.dequantized(),
-                    None => merged.params[index].value.clone().into_vec(),
-                };
-                let weight = &mut merged.params[index];
-                let dims = weight.matrix_dims();
-                let values = merged_weight(
-                    &dense,
-                    &a.value.clone().into_vec(),
-                    &b.value.clone().into_vec(),
-                    r,
-                    scale,
-                );
-                weight.value = float_tensor(values, dims, &self.device);
-            }
-        }
-        // The merged weights need copies of their own.
-        if merged.bf16.is_some() {
-            merged.refresh_base_copies();
-        }
-        merged
-    }
-
     /// The same model computing attention with `kernel` (the fused one
     /// unless told otherwise).
     pub fn with_attention_kernel(mut self, kernel: AttentionKernel) -> Self {
         self.attention_kernel = kernel;
         self
-    }
-
-    /// The same model computing its matmuls in `precision`. bf16 makes the
-    /// weights' bf16 copies at once (the adapters' too); it runs on the CPU
-    /// in this build.
-    pub fn with_precision(mut self, precision: Precision) -> Result<Self, ModelError> {
-        if precision == Precision::F32 {
-            self.bf16 = None;
-            if let Some(lora) = &mut self.lora {
-                lora.bf16 = None;
-            }
-            return Ok(self);
-        }
-        let refuse = |message: &str, hint: &'static str| {
-            Err(ModelError::Precision {
-                message: message.to_owned(),
-                hint,
-            })
-        };
-        if !self.on_cpu() {
-            return refuse(
-                "--bf16 runs on the CPU only in this build (the GPU's bf16 matmuls and attention are not built yet)",
-                "drop --device to train in bf16 on the CPU, or drop --bf16 to train in f32 on the GPU",
-            );
-        }
-        self.bf16 = Some(Bf16Weights::default());
-        self.refresh_base_copies();
-        if let Some(lora) = &mut self.lora {
-            lora.refresh_bf16();
-        }
-        Ok(self)
-    }
-
-    /// What the matmuls compute in.
-    pub fn precision(&self) -> Precision {
-        if self.bf16.is_some() {
-            Precision::Bf16
-        } else {
-            Precision::F32
-        }
-    }
-
-    /// Makes the bf16 copies of what trains again from the f32 master
-    /// weights: after every optimizer step (the trainer calls it), never in
-    /// between. With LoRA only the adapters' copies: the base is frozen,
-    /// its copies were made once. Nothing to do in f32.
-    pub fn refresh_bf16_weights(&mut self) {
-        if self.bf16.is_none() {
-            return;
-        }
-        match &mut self.lora {
-            Some(lora) => lora.refresh_bf16(),
-            None => self.refresh_base_copies(),
-        }
-    }
-
-    /// The copies of the base's matmul weights.
-    fn refresh_base_copies(&mut self) {
-        let head = self.head_index();
-        let per_layer = self.layer_tensors.len();
-        let first_layer = index::layer_start(0, per_layer);
-        let layers_end = index::layer_start(self.config.num_hidden_layers, per_layer);
-        let params: Vec<&Tensor<2>> = self.params.iter().map(|p| &p.value).collect();
-        let Some(bf16) = &mut self.bf16 else {
-            return;
-        };
-        // The layers' projection matrices (not their `[1, C]` norms and
-        // biases) and the head; the embedding only when it is the head.
-        bf16.refresh(&params, |index| {
-            let rows = params[index].dims()[0];
-            index == head || ((first_layer..layers_end).contains(&index) && rows > 1)
-        });
-    }
-
-    /// The bf16 copy of parameter `index` (HF order), widened to f32, when
-    /// it has one: for tests and checks that it is the rounded weight.
-    pub fn bf16_copy_values(&self, index: usize) -> Option<Vec<f32>> {
-        let copy = self.bf16.as_ref()?.get(index)?;
-        Some(copy.iter().map(|v| v.to_f32()).collect())
-    }
-
-    /// How many times the bf16 copies of what trains were made (0 in
-    /// f32): once when bf16 is switched on, then once per optimizer step.
-    /// With LoRA these are the adapters' copies (the base's are made once).
-    pub fn bf16_refreshes(&self) -> u64 {
-        match self.lora.as_ref() {
-            Some(lora) => lora.bf16.as_ref().map_or(0, |b| b.refreshes),
-            None => self.bf16.as_ref().map_or(0, |b| b.refreshes),
-        }
-    }
-
-    /// The bf16 copy of adapter parameter `index` ([`Self::trainable`]'s
-    /// order), widened to f32, when it has one.
-    pub fn adapter_bf16_copy_values(&self, index: usize) -> Option<Vec<f32>> {
-        let copy = self.lora.as_ref()?.bf16.as_ref()?.get(index)?;
-        Some(copy.iter().map(|v| v.to_f32()).collect())
     }
 
     /// How attention is computed.
