@@ -64,29 +64,14 @@ fn rounded(values: &[f32]) -> Vec<f32> {
     out
 }
 
-/// Where each stored part begins in `saved`: `q`, `k`, `v`, `out` as
-/// packed bf16 pairs (`len.div_ceil(2)` slots each), then the f32 `lse`.
-struct SavedLayout {
-    q: usize,
-    kv: usize,
-}
-
-impl SavedLayout {
-    fn new(q_len: usize, kv_len: usize) -> Self {
-        Self {
-            q: q_len,
-            kv: kv_len,
-        }
-    }
-
-    /// `[q, k, v, out, lse]` of `saved`.
-    fn split<'a>(&self, saved: &'a [f32]) -> [&'a [f32]; 5] {
-        let (q, rest) = saved.split_at(self.q.div_ceil(2));
-        let (k, rest) = rest.split_at(self.kv.div_ceil(2));
-        let (v, rest) = rest.split_at(self.kv.div_ceil(2));
-        let (out, lse) = rest.split_at(self.q.div_ceil(2));
-        [q, k, v, out, lse]
-    }
+/// `[q, k, v, out, lse]` of `saved`: `q`, `k`, `v` and `out` as packed bf16
+/// pairs (`len.div_ceil(2)` slots each), then the f32 `lse`.
+fn split_saved(saved: &[f32], q_len: usize, kv_len: usize) -> [&[f32]; 5] {
+    let (q, rest) = saved.split_at(q_len.div_ceil(2));
+    let (k, rest) = rest.split_at(kv_len.div_ceil(2));
+    let (v, rest) = rest.split_at(kv_len.div_ceil(2));
+    let (out, lse) = rest.split_at(q_len.div_ceil(2));
+    [q, k, v, out, lse]
 }
 
 impl HostOp<3> for Bf16VarlenAttention {
@@ -126,7 +111,7 @@ impl HostOp<3> for Bf16VarlenAttention {
     ) -> [Vec<f32>; 3] {
         let q_len: usize = q.shape.iter().product();
         let kv_len: usize = k.shape.iter().product();
-        let [q16, k16, v16, out16, lse] = SavedLayout::new(q_len, kv_len).split(saved);
+        let [q16, k16, v16, out16, lse] = split_saved(saved, q_len, kv_len);
         let (q, k, v, out) = (
             load(q16, q_len),
             load(k16, kv_len),
@@ -343,24 +328,29 @@ mod tests {
                 round_one(*a).to_bits(),
                 "output not bf16-valued"
             );
-            // The oracle's output is not rounded: half a bf16 step apart,
-            // plus f32 summation order.
+            // The oracle's output is not rounded: half a bf16 step apart
+            // (2^-8 relative at the bottom of a binade; seen 3.8e-3), plus
+            // f32 summation order.
             assert!(
                 (a - b).abs() <= 2f32.powi(-8) * b.abs() + 1e-6,
                 "{a} vs {b}"
             );
         }
-        for (name, got, want) in [
-            ("dq", &grads16[0], &oracle_grads[0]),
-            ("dk", &grads16[1], &oracle_grads[1]),
-            ("dv", &grads16[2], &oracle_grads[2]),
+        // dv reads P alone (the same up to f32 order: seen 1.9e-7 of the
+        // largest); dq and dk also read the softmax correction dO . O from
+        // the rounded output (up to 2^-8 relative on O): seen 4.9e-3 and
+        // 3.7e-3 of the largest.
+        for (name, got, want, tolerance) in [
+            ("dq", &grads16[0], &oracle_grads[0], 1e-2),
+            ("dk", &grads16[1], &oracle_grads[1], 1e-2),
+            ("dv", &grads16[2], &oracle_grads[2], 1e-5),
         ] {
             let largest = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             for (a, b) in got.iter().zip(want.iter()) {
-                // dv reads P (the same up to f32 order); dq and dk also read
-                // the softmax correction dO . O from the rounded output
-                // (2^-9 relative on O): 1e-2 of the largest gradient.
-                assert!((a - b).abs() <= 1e-2 * largest + 1e-6, "{name}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= tolerance * largest + 1e-7,
+                    "{name}: {a} vs {b}"
+                );
             }
         }
     }
