@@ -28,10 +28,16 @@
 //!   `overlap.rs`: the exchange bucket by bucket under the recomputed
 //!   backward pass (`ddp_overlap`).
 //!
+//! - `trainer/`: the [`Trainer`] as parts that each own their state (the
+//!   step's engine, the course of batches, progress, evaluation and the best
+//!   model, saving); `docs/architecture.md` maps them and the flow of one step
+//!   and one save.
+//!
 //! Modules depend one way: `trainer` -> `checkpoint`, `outputs` -> `state`
 //! -> `metrics` -> `best_model`; `trainer` -> `eval` -> `collate`, `grads`,
 //! `optim`; `trainer` -> `overlap` -> `collate`, `grads`; nothing imports
-//! `trainer`.
+//! `trainer`, and inside it no part imports `trainer/mod.rs` (the CI's
+//! import-circle check holds both).
 
 mod best_model;
 pub mod checkpoint;
