@@ -14,14 +14,16 @@
 //!    `max_seq_len` policy applied and counted in a [`DataReport`].
 
 mod error;
+mod prompt_template;
 mod records;
 mod template;
 mod tokenize;
 
 pub use error::DataError;
+pub use prompt_template::template_fields;
 pub use records::{
     FieldNames, Message, Record, SourceRecord, UnusedField, read_records, read_records_from_str,
-    template_fields, unused_text_fields,
+    unused_text_fields,
 };
 pub use template::{CHATML_TEMPLATE, ChatTemplate};
 pub use tokenize::{

@@ -5,6 +5,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::DataError;
+use crate::prompt_template::PromptTemplate;
 
 /// One message of a chat record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -393,132 +394,40 @@ fn source_record(
     }
 }
 
-/// The pieces of a `--prompt-template`: literal text and field names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Piece {
-    Text(String),
-    Field(String),
-}
-
-/// Parses a template: `{name}` is a field, `{{` and `}}` are braces, `\n`
-/// and `\t` a newline and a tab, `\\` a backslash.
-fn template_pieces(template: &str) -> Result<Vec<Piece>, String> {
-    let mut pieces = Vec::new();
-    let mut text = String::new();
-    let mut chars = template.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '{' if chars.peek() == Some(&'{') => {
-                chars.next();
-                text.push('{');
-            }
-            '}' if chars.peek() == Some(&'}') => {
-                chars.next();
-                text.push('}');
-            }
-            '{' => {
-                let mut name = String::new();
-                let mut closed = false;
-                for c in chars.by_ref() {
-                    if c == '}' {
-                        closed = true;
-                        break;
-                    }
-                    name.push(c);
-                }
-                if !closed {
-                    return Err(format!("`{{{name}` is not closed: write {{field}}"));
-                }
-                if name.is_empty() || name.contains('{') {
-                    return Err(format!(
-                        "`{{{name}` is not a field: write {{field}}, or {{{{ for a brace"
-                    ));
-                }
-                if !text.is_empty() {
-                    pieces.push(Piece::Text(std::mem::take(&mut text)));
-                }
-                pieces.push(Piece::Field(name));
-            }
-            '}' => return Err("a lone `}`: write }} for a brace".into()),
-            // A template comes from a shell, where a newline is awkward to type.
-            '\\' => match chars.next() {
-                Some('n') => text.push('\n'),
-                Some('t') => text.push('\t'),
-                Some('\\') => text.push('\\'),
-                Some(other) => {
-                    text.push('\\');
-                    text.push(other);
-                }
-                None => text.push('\\'),
-            },
-            c => text.push(c),
-        }
-    }
-    if !text.is_empty() {
-        pieces.push(Piece::Text(text));
-    }
-    if !pieces.iter().any(|p| matches!(p, Piece::Field(_))) {
-        return Err("it names no field: write {field} where a record's field goes".into());
-    }
-    Ok(pieces)
-}
-
-/// The fields a template names, or why it is not one.
-pub fn template_fields(template: &str) -> Result<Vec<String>, String> {
-    Ok(field_names(&template_pieces(template)?))
-}
-
-/// The field names among a template's pieces, in order.
-fn field_names(pieces: &[Piece]) -> Vec<String> {
-    pieces
-        .iter()
-        .filter_map(|piece| match piece {
-            Piece::Field(name) => Some(name.clone()),
-            Piece::Text(_) => None,
-        })
-        .collect()
-}
-
-/// A template's pieces with every field replaced by the record's value.
+/// The prompt `template` renders from the record `object` (whose JSON text
+/// is `source`).
 ///
-/// A number is rendered as `source` (the record's JSON text) writes it:
-/// `0.50`, `1e2`, `-0` and a 23-digit integer stay as they are, where the
-/// parsed value would print `0.5`, `100.0`, `-0.0` and
-/// `1.2345678901234568e22`.
+/// A number is rendered as `source` writes it: `0.50`, `1e2`, `-0` and a
+/// 23-digit integer stay as they are, where the parsed value would print
+/// `0.5`, `100.0`, `-0.0` and `1.2345678901234568e22`.
 fn render_template(
     object: &Map<String, Value>,
     source: &str,
-    pieces: Vec<Piece>,
+    template: &PromptTemplate,
 ) -> Result<String, Refusal> {
     // The top-level fields' texts, parsed once a number needs one.
     let mut raw: Option<HashMap<String, &RawValue>> = None;
-    let mut out = String::new();
-    for piece in pieces {
-        match piece {
-            Piece::Text(text) => out.push_str(&text),
-            Piece::Field(name) => match object.get(&name) {
-                Some(Value::Number(number)) => {
-                    if raw.is_none() {
-                        raw = serde_json::from_str(source).ok();
-                    }
-                    // The value itself should the text not parse as a map
-                    // (it did parse as one moments ago).
-                    let written = raw
-                        .as_ref()
-                        .and_then(|fields| fields.get(&name))
-                        .map(|text| text.get().to_owned())
-                        .unwrap_or_else(|| number.to_string());
-                    out.push_str(&written);
-                }
-                _ => out.push_str(&string_field(object, &name).map_err(|(m, _)| {
-                    (
-                        format!("--prompt-template: {m}"),
-                        "every field the template names must be a string or a number in every record".to_owned(),
-                    )
-                })?),
-            },
+    let out = template.render(|name| match object.get(name) {
+        Some(Value::Number(number)) => {
+            if raw.is_none() {
+                raw = serde_json::from_str(source).ok();
+            }
+            // The value itself should the text not parse as a map (it
+            // did parse as one moments ago).
+            Ok(raw
+                .as_ref()
+                .and_then(|fields| fields.get(name))
+                .map(|text| text.get().to_owned())
+                .unwrap_or_else(|| number.to_string()))
         }
-    }
+        _ => string_field(object, name).map_err(|(m, _)| {
+            (
+                format!("--prompt-template: {m}"),
+                "every field the template names must be a string or a number in every record"
+                    .to_owned(),
+            )
+        }),
+    })?;
     if out.trim().is_empty() {
         return Err((
             "--prompt-template renders an empty prompt".into(),
@@ -536,12 +445,12 @@ fn record_from_object(
 ) -> Result<(Record, Vec<String>), Refusal> {
     let from = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
     if let (Some(template), Some(completion)) = (&fields.prompt_template, &fields.completion) {
-        let pieces = template_pieces(template)
+        let template = PromptTemplate::parse(template)
             .map_err(|m| (format!("--prompt-template: {m}"), SHAPES_HINT.to_owned()))?;
-        let mut read = field_names(&pieces);
+        let mut read = template.fields();
         read.push(completion.clone());
         let record = Record::PromptCompletion {
-            prompt: render_template(object, source, pieces)?,
+            prompt: render_template(object, source, &template)?,
             completion: text_field(object, completion)?,
         };
         return Ok((record, read));

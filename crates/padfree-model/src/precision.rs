@@ -3,7 +3,7 @@
 //!
 //! Master weights, gradients and optimizer state stay f32 whatever the
 //! precision; under [`Precision::Bf16`] every linear layer and the LM head
-//! multiply bf16 operands with f32 accumulation (`kernels/gemm_bf16.rs`):
+//! multiply bf16 operands with f32 accumulation (`kernels/gemm_bf16/`):
 //! the activation and the output gradient are rounded as the product reads
 //! them, the weight comes from its bf16 copy here. The copies are made by
 //! [`crate::LlamaModel::refresh_bf16_weights`], which the trainer calls once

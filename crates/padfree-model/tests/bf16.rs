@@ -5,7 +5,7 @@
 //!
 //! Tolerances. Every path runs the same kernels; what differs between
 //! them is only how rows are grouped. The bf16 products sum each output's
-//! K products in one order whatever the row count (`kernels/gemm_bf16.rs`)
+//! K products in one order whatever the row count (`kernels/gemm_bf16/`)
 //! on the AVX512-BF16 body, and f32's gemm may block differently on the
 //! widened one, so the logits agree to f32 rounding: 1e-5 as in f32's
 //! equivalence tests. Loss sums: 1e-5 relative. Gradients sum over

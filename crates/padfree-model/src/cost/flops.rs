@@ -83,7 +83,7 @@ pub fn calibrate_matmul_gflops(n: usize, repeats: usize) -> f64 {
 }
 
 /// GFLOP/s of an `n x n` by `n x n` product with bf16 operands and f32
-/// accumulation through `--bf16`'s kernel (`kernels/gemm_bf16.rs`: the
+/// accumulation through `--bf16`'s kernel (`kernels/gemm_bf16/`: the
 /// AVX512-BF16 body where the CPU has it), best of `repeats` after one
 /// warm-up, on the calling thread pool: the peak `--bf16` runs' MFU is
 /// also measured against.

@@ -14,7 +14,7 @@
 //! The oracle beside it is the plain triple loop (`naive`, tests only).
 //!
 //! One of the two modules of the workspace that allow `unsafe` (with
-//! `gemm_bf16.rs`): gemm's API is raw pointers and strides. Every call
+//! `gemm_bf16/`): gemm's API is raw pointers and strides. Every call
 //! checks its views' bounds first.
 //!
 //! # Shapes

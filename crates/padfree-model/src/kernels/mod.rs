@@ -20,7 +20,7 @@
 //! `linear.rs` is a linear layer's `x W^T` and its two gradients (f32, or
 //! bf16 operands for `--bf16`), and `gemm.rs` the products on host slices
 //! it and the other kernels call (burn-flex's gemm kernels without its
-//! zeroed, copied outputs); `gemm_bf16.rs` the bf16 products (AVX512-BF16,
+//! zeroed, copied outputs); `gemm_bf16/` the bf16 products (AVX512-BF16,
 //! or widened to f32 where the CPU lacks it) and `bf16.rs` the rounding.
 //!
 //! `host_op.rs` is the one generic layer that enters a host kernel into

@@ -10,7 +10,7 @@
 //!
 //! Under `--bf16` ([`bf16_quant_linear`]) each tile is dequantised and
 //! rounded to bf16 (what bitsandbytes' 4-bit layers do with a bf16 compute
-//! dtype), and multiplied by the bf16 gemm (`kernels/gemm_bf16.rs`) with
+//! dtype), and multiplied by the bf16 gemm (`kernels/gemm_bf16/`) with
 //! `x` and `dy` rounded as it reads them; the output is rounded to bf16.
 //!
 //! The oracle beside it is dequantize-then-multiply with burn's matmul

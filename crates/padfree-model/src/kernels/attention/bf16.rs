@@ -21,7 +21,8 @@
 //! `q`, `out`, `dq`: `[T, H, D]`; `k`, `v`, `dk`, `dv`: `[T, Hkv, D]`;
 //! `lse`: `[T, H]`.
 
-use super::{AttentionDims, AttentionRows, Qkv, VarlenAttention};
+use super::host::{AttentionDims, Qkv};
+use super::{AttentionRows, VarlenAttention};
 use crate::kernels::bf16::{load, round_in_place, store};
 use crate::kernels::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use crate::tensor::Tensor;

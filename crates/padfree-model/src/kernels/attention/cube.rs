@@ -42,7 +42,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
-use super::AttentionDims;
+use super::host::AttentionDims;
 use crate::kernels::host_op::UnsupportedTensor;
 
 /// The largest head size the kernels take (one local accumulator per head).

@@ -1,0 +1,335 @@
+//! Matrix products of bf16 operands with f32 accumulation, the matmuls of
+//! `--bf16`: an operand is a bf16 buffer, or an f32 one rounded to bf16
+//! (`kernels/bf16.rs`, nearest-even) as it is read, so that a gradient
+//! need not be rounded into a second buffer first.
+//!
+//! Two bodies, chosen once per process ([`body`]):
+//! - `avx512-bf16`: BLIS-style packing of both operands into bf16 pairs and
+//!   a 14x32 micro-kernel of `vdpbf16ps` (AMD Zen 4 and later, Intel Cooper
+//!   Lake and later; an `A` contiguous along K is kept row by row, which
+//!   the micro-kernel reads as well as BLIS's panels: `Layout`), K in
+//!   blocks of at most 512 (split evenly), rows of the output in blocks of
+//!   112 on rayon's threads. Each output value sums its
+//!   K products in one fixed order whatever the thread count, so results do
+//!   not depend on it.
+//! - `widened` (every other CPU, and the oracle): the bf16 operands widened
+//!   to f32 (exactly) and multiplied by the f32 gemm (`kernels/gemm.rs`).
+//!   The result is then the f32 product of the bf16-rounded operands, which
+//!   is what the fast body computes up to the order of its f32 sums.
+//!
+//! AMX-BF16 (Sapphire Rapids) is not here: its intrinsics and its
+//! `is_x86_feature_detected!("amx-bf16")` are unstable in Rust 1.95, and no
+//! machine of ours has AMX to test a hand-written `asm!` body on.
+//!
+//! `PADFREE_BF16_MATMUL=widened` forces the portable body (A/B runs, and to
+//! rule the fast body out when results look wrong).
+//!
+//! Its rooms: `operand.rs` (the views the products read, and the element
+//! types they hold), `widened.rs` (the portable body), `packed.rs` (the
+//! `vdpbf16ps` body, packing and micro-kernel: the module of the workspace
+//! that allows `unsafe` for this kernel; every call checks the bounds of
+//! what it reads and writes first).
+//!
+//! # Shapes
+//! `[M, K] x [K, N] -> [M, N]`.
+
+mod operand;
+mod packed;
+mod widened;
+
+use std::sync::OnceLock;
+
+pub(crate) use self::operand::View16;
+use super::gemm::Write;
+
+/// Which body computes the products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    /// `vdpbf16ps` (AVX512-BF16).
+    Avx512Bf16,
+    /// Widened to f32, the f32 gemm: every CPU, and the oracle.
+    Widened,
+}
+
+impl Body {
+    /// The name in logs and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Avx512Bf16 => "avx512-bf16",
+            Self::Widened => "widened to f32 (no AVX512-BF16)",
+        }
+    }
+
+    /// Whether this CPU can run the body.
+    pub fn available(self) -> bool {
+        match self {
+            Self::Widened => true,
+            Self::Avx512Bf16 => has_avx512_bf16(),
+        }
+    }
+}
+
+fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The body this process uses: the fast one where the CPU has it, unless
+/// `PADFREE_BF16_MATMUL=widened`.
+pub fn body() -> Body {
+    static BODY: OnceLock<Body> = OnceLock::new();
+    *BODY.get_or_init(|| {
+        let forced = std::env::var("PADFREE_BF16_MATMUL").is_ok_and(|v| v == "widened");
+        if !forced && Body::Avx512Bf16.available() {
+            Body::Avx512Bf16
+        } else {
+            Body::Widened
+        }
+    })
+}
+
+/// `a b` in a fresh row-major `[M, N]` buffer.
+///
+/// # Panics
+/// When the inner dimensions differ (a bug in the caller).
+pub(crate) fn product(a: View16<'_>, b: View16<'_>) -> Vec<f32> {
+    product_with(body(), a, b)
+}
+
+/// `dst` (row-major, `row_stride` values a row) set to `a b`, or
+/// `factor * a b` added to it, by this process's body.
+///
+/// # Panics
+/// As [`product_into_with`].
+pub(crate) fn product_into(
+    dst: &mut [f32],
+    row_stride: usize,
+    a: View16<'_>,
+    b: View16<'_>,
+    write: Write,
+) {
+    product_into_with(body(), dst, row_stride, a, b, write);
+}
+
+/// [`product`] with a given body (tests and benchmarks compare them).
+pub(crate) fn product_with(body: Body, a: View16<'_>, b: View16<'_>) -> Vec<f32> {
+    let mut out = vec![0.0; a.rows * b.cols];
+    product_into_with(body, &mut out, b.cols, a, b, Write::Set);
+    out
+}
+
+/// `dst` (row-major, `row_stride` values a row) set to `a b`, or
+/// `factor * a b` added to it, by `body`.
+///
+/// # Panics
+/// When the inner dimensions differ, `dst` is too short (a bug in the
+/// caller) or `body` is not available on this CPU.
+pub(crate) fn product_into_with(
+    body: Body,
+    dst: &mut [f32],
+    row_stride: usize,
+    a: View16<'_>,
+    b: View16<'_>,
+    write: Write,
+) {
+    check(a, b);
+    let (m, n, k) = (a.rows, b.cols, a.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        n <= row_stride && dst.len() >= (m - 1) * row_stride + n,
+        "bf16 gemm: destination of {} values for [{m}, {n}] rows of {row_stride}",
+        dst.len()
+    );
+    if k == 0 {
+        if write == Write::Set {
+            for row in dst.chunks_mut(row_stride).take(m) {
+                row[..n].fill(0.0);
+            }
+        }
+        return;
+    }
+    match body {
+        Body::Widened => widened::widened(dst, row_stride, a, b, write),
+        Body::Avx512Bf16 => {
+            assert!(has_avx512_bf16(), "bf16 gemm: this CPU has no AVX512-BF16");
+            packed::packed(dst, row_stride, a, b, write);
+        }
+    }
+}
+
+fn check(a: View16<'_>, b: View16<'_>) {
+    assert_eq!(
+        a.cols, b.rows,
+        "bf16 gemm: [{}, {}] x [{}, {}]",
+        a.rows, a.cols, b.rows, b.cols
+    );
+    for view in [a, b] {
+        if view.rows > 0 && view.cols > 0 {
+            let last = (view.rows - 1) * view.row_stride + (view.cols - 1) * view.col_stride;
+            assert!(
+                last < view.values.len(),
+                "bf16 gemm: view runs past its {} values",
+                view.values.len()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    use super::*;
+    use crate::kernels::bf16::round_slice;
+    use crate::kernels::test_util::{assert_within, random};
+
+    /// The triple loop in f64 on the bf16 values.
+    fn naive(a: View16<'_>, b: View16<'_>) -> Vec<f64> {
+        let mut out = vec![0.0; a.rows * b.cols];
+        for i in 0..a.rows {
+            for j in 0..b.cols {
+                out[i * b.cols + j] = (0..a.cols)
+                    .map(|p| f64::from(a.widened(i, p)) * f64::from(b.widened(p, j)))
+                    .sum();
+            }
+        }
+        out
+    }
+
+    fn bodies() -> Vec<Body> {
+        let all = [Body::Widened, Body::Avx512Bf16];
+        let available: Vec<Body> = all.into_iter().filter(|b| b.available()).collect();
+        if available.len() < all.len() {
+            eprintln!("NOTE: this CPU has no AVX512-BF16: only the widened body was tested");
+        }
+        available
+    }
+
+    /// Every layout the linear layer uses (`x W^T` with `x` bf16 or f32,
+    /// `dy W`, `dy^T x`), odd sizes on every edge of the tiles and K
+    /// blocks, small and threaded, against the f64 triple loop on the same
+    /// bf16 values. Both bodies sum K f32 products of bf16 values (exact
+    /// in f32): what remains is the f32 summation, a few ulps of the
+    /// magnitude, so 2e-6 of the largest value over K <= 1100.
+    #[test]
+    fn every_body_matches_the_triple_loop_on_bf16_values() {
+        for body in bodies() {
+            for (m, k, n) in [
+                (1, 1, 1),
+                (13, 7, 33),
+                (15, 64, 31),
+                (113, 513, 65),
+                (230, 1100, 97),
+                (300, 200, 200),
+            ] {
+                let x = random(m * k, 1);
+                let w = random(n * k, 2);
+                let (xh, wh) = (round_slice(&x), round_slice(&w));
+                // x W^T: x f32 (rounded on reading) and bf16, W bf16.
+                for a in [View16::f32(&x, m, k), View16::bf16(&xh, m, k)] {
+                    let b = View16::bf16(&wh, n, k).t();
+                    let want: Vec<f32> = naive(a, b).iter().map(|&v| v as f32).collect();
+                    let got = product_with(body, a, b);
+                    assert_within(&format!("{body:?} x W^T [{m},{k},{n}]"), &got, &want, 2e-6);
+                }
+                // dy W and dy^T x: dy f32, W and x bf16 (strided reads).
+                let dy = random(m * n, 3);
+                let (a, b) = (View16::f32(&dy, m, n), View16::bf16(&wh, n, k));
+                let want: Vec<f32> = naive(a, b).iter().map(|&v| v as f32).collect();
+                assert_within(
+                    &format!("{body:?} dy W [{m},{k},{n}]"),
+                    &product_with(body, a, b),
+                    &want,
+                    2e-6,
+                );
+                let (a, b) = (View16::f32(&dy, m, n).t(), View16::bf16(&xh, m, k));
+                let want: Vec<f32> = naive(a, b).iter().map(|&v| v as f32).collect();
+                assert_within(
+                    &format!("{body:?} dy^T x [{m},{k},{n}]"),
+                    &product_with(body, a, b),
+                    &want,
+                    2e-6,
+                );
+            }
+        }
+    }
+
+    /// The fast body against its oracle, the widened one, at a linear
+    /// layer's size (threads, several K blocks, every write mode into a
+    /// wider destination, the columns beside it untouched).
+    #[test]
+    fn fast_body_matches_the_widened_oracle_in_every_write_mode() {
+        if !Body::Avx512Bf16.available() {
+            eprintln!("NOTE: this CPU has no AVX512-BF16: the fast body was not run");
+            return;
+        }
+        let (m, k, n) = (301, 1030, 150);
+        let x = random(m * k, 4);
+        let w = round_slice(&random(n * k, 5));
+        let (a, b) = (View16::f32(&x, m, k), View16::bf16(&w, n, k).t());
+        let stride = n + 5;
+        for write in [Write::Set, Write::Add(-0.5)] {
+            let run = |body| {
+                let mut dst = vec![0.25f32; m * stride];
+                product_into_with(body, &mut dst, stride, a, b, write);
+                dst
+            };
+            let (fast, oracle) = (run(Body::Avx512Bf16), run(Body::Widened));
+            assert_within(&format!("{write:?}"), &fast, &oracle, 2e-6);
+            for i in 0..m {
+                assert_eq!(&fast[i * stride + n..(i + 1) * stride], &[0.25; 5]);
+            }
+        }
+    }
+
+    /// The fast body's results do not depend on the thread count (its sums
+    /// have one order), so bf16 runs are reproducible across machines with
+    /// the same CPU features.
+    #[test]
+    fn results_do_not_depend_on_threads() {
+        let (m, k, n) = (400, 600, 130);
+        let x = random(m * k, 6);
+        let w = round_slice(&random(n * k, 7));
+        let (a, b) = (View16::f32(&x, m, k), View16::bf16(&w, n, k).t());
+        if !Body::Avx512Bf16.available() {
+            eprintln!("NOTE: this CPU has no AVX512-BF16: the fast body was not run");
+            return;
+        }
+        // (The widened body's f32 gemm splits K by threads, as burn's does.)
+        let threaded = product_with(Body::Avx512Bf16, a, b);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a one-thread pool");
+        let single = pool.install(|| product_with(Body::Avx512Bf16, a, b));
+        assert_eq!(threaded, single);
+    }
+
+    #[test]
+    fn empty_inner_dimension_gives_zeros() {
+        for body in bodies() {
+            let none: Vec<bf16> = Vec::new();
+            let mut dst = vec![1.0f32; 6];
+            product_into_with(
+                body,
+                &mut dst,
+                2,
+                View16::bf16(&none, 3, 0),
+                View16::bf16(&none, 0, 2),
+                Write::Set,
+            );
+            assert_eq!(dst, vec![0.0; 6]);
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! The operands of a bf16 product: a matrix view over f32 or bf16 values,
+//! and what each element type reads as.
+
+use half::bf16;
+
+use crate::kernels::bf16::{round, rounded, widen};
+
+/// The values an operand reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Values<'a> {
+    /// Rounded to bf16 as they are read.
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+impl Values<'_> {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::Bf16(v) => v.len(),
+        }
+    }
+}
+
+/// A read-only matrix operand: element `(i, j)` at `i * row_stride + j * col_stride`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View16<'a> {
+    pub(super) values: Values<'a>,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) row_stride: usize,
+    pub(super) col_stride: usize,
+}
+
+impl<'a> View16<'a> {
+    /// `values` as a row-major `[rows, cols]` matrix.
+    ///
+    /// # Panics
+    /// When `values` holds fewer than `rows * cols` values (a bug in the caller).
+    pub fn row_major(values: Values<'a>, rows: usize, cols: usize) -> Self {
+        assert!(
+            values.len() >= rows * cols,
+            "bf16 gemm view: {} values for [{rows}, {cols}]",
+            values.len()
+        );
+        Self {
+            values,
+            rows,
+            cols,
+            row_stride: cols,
+            col_stride: 1,
+        }
+    }
+
+    /// A row-major bf16 matrix.
+    pub fn bf16(values: &'a [bf16], rows: usize, cols: usize) -> Self {
+        Self::row_major(Values::Bf16(values), rows, cols)
+    }
+
+    /// A row-major f32 matrix, rounded to bf16 as it is read.
+    pub fn f32(values: &'a [f32], rows: usize, cols: usize) -> Self {
+        Self::row_major(Values::F32(values), rows, cols)
+    }
+
+    /// The transpose, without a copy.
+    pub fn t(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+            ..self
+        }
+    }
+
+    /// Columns `start..start + len` of the view, without a copy.
+    ///
+    /// # Panics
+    /// When the columns run past the view.
+    pub fn columns(self, start: usize, len: usize) -> Self {
+        assert!(
+            start + len <= self.cols,
+            "bf16 gemm view: columns {start}+{len} of {}",
+            self.cols
+        );
+        let from = |len: usize| (start * self.col_stride).min(len);
+        let values = match self.values {
+            Values::F32(v) => Values::F32(&v[from(v.len())..]),
+            Values::Bf16(v) => Values::Bf16(&v[from(v.len())..]),
+        };
+        Self {
+            values,
+            cols: len,
+            ..self
+        }
+    }
+
+    /// Element `(i, j)` as the f32 of its bf16 value (tests' oracle).
+    #[cfg(test)]
+    pub(super) fn widened(&self, i: usize, j: usize) -> f32 {
+        let at = i * self.row_stride + j * self.col_stride;
+        match self.values {
+            Values::F32(v) => rounded(v[at]),
+            Values::Bf16(v) => widen(v[at]),
+        }
+    }
+}
+
+/// What an operand's elements are read as.
+pub(super) trait Element: Copy + Send + Sync {
+    /// The bf16 bits of the element (rounded when it is f32).
+    fn bits(self) -> u32;
+    /// The f32 of its bf16 value.
+    fn widened(self) -> f32;
+}
+
+impl Element for f32 {
+    #[inline(always)]
+    fn bits(self) -> u32 {
+        u32::from(round(self).to_bits())
+    }
+    #[inline(always)]
+    fn widened(self) -> f32 {
+        rounded(self)
+    }
+}
+
+impl Element for bf16 {
+    #[inline(always)]
+    fn bits(self) -> u32 {
+        u32::from(self.to_bits())
+    }
+    #[inline(always)]
+    fn widened(self) -> f32 {
+        widen(self)
+    }
+}
+
+/// Runs `$body` with `$v` bound to the operand's slice, whichever element
+/// type it holds (the body is compiled once for each).
+macro_rules! with_values {
+    ($values:expr, $v:ident => $body:expr) => {
+        match $values {
+            Values::F32($v) => $body,
+            Values::Bf16($v) => $body,
+        }
+    };
+}
+pub(super) use with_values;
