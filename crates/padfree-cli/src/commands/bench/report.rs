@@ -17,10 +17,17 @@ use crate::args::{BenchJob, BenchMode};
 const LOSS_AGREEMENT: f64 = 1e-4;
 /// Half a unit of the 4th decimal: HF logs its losses rounded to 4.
 const HF_ROUNDING: f64 = 5e-5;
+/// HF's `bf16=True` rows against padfree's `--bf16` ones: other kernels
+/// round other intermediates to bf16 (oneDNN's blocked products, SDPA's
+/// probabilities), a noise of bf16's 3 decimal digits that the steps
+/// compound. `padfree-train/tests/bf16.rs` holds bf16 to f32 losses within
+/// this over 20 steps; issue 34's target is 2% after 20 steps.
+const BF16_PEER_AGREEMENT: f64 = 2e-3;
 
 /// How far runs' step losses are from the first run's: whether every
 /// step is within its tolerance ([`LOSS_AGREEMENT`] relative, plus
-/// [`HF_ROUNDING`] for HF's rows, `hf-*`), and the largest relative
+/// [`HF_ROUNDING`] for HF's rows, `hf-*`, and [`BF16_PEER_AGREEMENT`]
+/// relative for HF's bf16 rows, `hf-*-bf16`), and the largest relative
 /// difference with its step (1-based) and mode.
 fn loss_agreement<'a>(runs: &[(&'a str, &[f64])]) -> (bool, f64, usize, &'a str) {
     let Some(&(first_mode, first)) = runs.first() else {
@@ -29,13 +36,15 @@ fn loss_agreement<'a>(runs: &[(&'a str, &[f64])]) -> (bool, f64, usize, &'a str)
     let mut worst = (0.0f64, 0, first_mode);
     let mut within = true;
     for &(mode, losses) in runs {
-        let rounding = if mode.starts_with("hf-") {
-            HF_ROUNDING
-        } else {
-            0.0
+        let (relative, rounding) = match mode {
+            hf if hf.starts_with("hf-") && hf.ends_with("-bf16") => {
+                (BF16_PEER_AGREEMENT, HF_ROUNDING)
+            }
+            hf if hf.starts_with("hf-") => (LOSS_AGREEMENT, HF_ROUNDING),
+            _ => (LOSS_AGREEMENT, 0.0),
         };
         for (step, (a, b)) in losses.iter().zip(first).enumerate() {
-            within &= (a - b).abs() <= LOSS_AGREEMENT * b.abs() + rounding;
+            within &= (a - b).abs() <= relative * b.abs() + rounding;
             let relative = (a - b).abs() / b.abs().max(1e-12);
             if relative > worst.0 {
                 worst = (relative, step + 1, mode);
@@ -330,7 +339,7 @@ impl Report {
             let (within, largest, step, mode) = loss_agreement(&runs);
             let verdict = if within { "agree" } else { "DIFFER" };
             out.push(format!(
-                "- losses {verdict} on {kind} (tolerance {LOSS_AGREEMENT:.0e} relative, the padded vs padding-free training tests', plus {HF_ROUNDING:.0e} for HF's losses, which it logs rounded to 4 decimals): those runs start from the same weights and see the same batches; the largest relative difference of any step's loss from the {} run is {largest:.2e} over {} steps{}.",
+                "- losses {verdict} on {kind} (tolerance {LOSS_AGREEMENT:.0e} relative, the padded vs padding-free training tests', plus {HF_ROUNDING:.0e} for HF's losses, which it logs rounded to 4 decimals; {BF16_PEER_AGREEMENT:.0e} relative for HF's bf16=True rows, whose kernels round other intermediates to bf16): those runs start from the same weights and see the same batches; the largest relative difference of any step's loss from the {} run is {largest:.2e} over {} steps{}.",
                 first.mode,
                 first.step_losses.len(),
                 if largest > 0.0 {
@@ -495,6 +504,14 @@ mod tests {
         let rounded = [2.0, 1.50018, 1.25];
         assert!(loss_agreement(&[("varlen", &varlen), ("hf-padded", &rounded)]).0);
         assert!(!loss_agreement(&[("varlen", &varlen), ("padded", &rounded)]).0);
+        // HF's bf16 rows: bf16 noise, 1e-3 relative, agrees; 3e-3 does not,
+        // and neither does 1e-3 on padfree's own rows.
+        let bf16_noise = [2.0, 1.5 * (1.0 + 1e-3), 1.25];
+        let bf16_off = [2.0, 1.5 * (1.0 + 3e-3), 1.25];
+        assert!(loss_agreement(&[("varlen", &varlen), ("hf-flattening-bf16", &bf16_noise)]).0);
+        assert!(!loss_agreement(&[("varlen", &varlen), ("hf-flattening-bf16", &bf16_off)]).0);
+        assert!(!loss_agreement(&[("varlen", &varlen), ("hf-flattening", &bf16_noise)]).0);
+        assert!(!loss_agreement(&[("varlen", &varlen), ("padded", &bf16_noise)]).0);
     }
 
     fn run(mode: &str, speed: f64) -> ModeResult {
