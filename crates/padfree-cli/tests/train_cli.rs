@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{first_records, padfree, repo, scratch, stderr, tiny_config_with_shipped_vocab};
+use common::{
+    first_records, padfree, repo, scratch, stderr, tiny_config_with_shipped_vocab, two_steps,
+};
 
 /// A `tiny` config with the shipped vocabulary and the first `records` of
 /// the shipped training data, written into `dir`.
@@ -892,35 +894,7 @@ fn a_prompt_template_trains_on_numbers_as_the_file_writes_them() {
     let losses = |name: &str, text: &str, extra: &[&str]| {
         let data = dir.join(format!("{name}.jsonl"));
         std::fs::write(&data, text).expect("write data");
-        let out = dir.join(name);
-        let mut args = vec![
-            "train",
-            "--config",
-            &config,
-            "--data",
-            data.to_str().expect("utf-8"),
-            "--max-steps",
-            "2",
-            "--per-device-train-batch-size",
-            "4",
-            "--logging-steps",
-            "1",
-            "--save-strategy",
-            "no",
-            "--output-dir",
-            out.to_str().expect("utf-8"),
-        ];
-        args.extend(extra);
-        let output = padfree(&args);
-        assert!(output.status.success(), "{}", stderr(&output));
-        let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).expect("metrics");
-        metrics
-            .lines()
-            .map(|line| {
-                let row: serde_json::Value = serde_json::from_str(line).expect("json");
-                row["loss"].as_f64().expect("loss").to_bits()
-            })
-            .collect::<Vec<_>>()
+        two_steps(&config, &data, &dir.join(name), extra).1
     };
     let templated = losses(
         "templated",
@@ -934,4 +908,47 @@ fn a_prompt_template_trains_on_numbers_as_the_file_writes_them() {
     );
     assert_eq!(templated.len(), 2);
     assert_eq!(templated, losses("by-hand", &by_hand, &[]));
+}
+
+/// The second start with the same data, tokenizer and settings reads the
+/// examples back from the tokenized-data cache (and trains bit-identically);
+/// a setting that shapes the examples builds another entry; with
+/// --no-data-cache nothing is cached.
+#[test]
+fn the_second_start_reads_the_tokenized_data_from_the_cache() {
+    let dir_guard = scratch("data-cache");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, first_records(40)).expect("write data");
+    let cache = dir.join("cache");
+    let run = |name: &str, extra: &[&str]| two_steps(&config, &data, &dir.join(name), extra);
+    let cache_dir = cache.to_str().expect("utf-8");
+    let (first, first_losses) = run("first", &["--data-cache-dir", cache_dir]);
+    assert!(
+        first.contains("data cache: ") && first.contains(": built "),
+        "{first}"
+    );
+    let (second, second_losses) = run("second", &["--data-cache-dir", cache_dir]);
+    assert!(second.contains(": reused "), "{second}");
+    assert_eq!(second_losses, first_losses);
+    // The data report is the same whether tokenized or read back.
+    let report = |out: &str| {
+        out.lines()
+            .find(|l| l.starts_with("data: "))
+            .map(str::to_owned)
+            .expect("a data line")
+    };
+    assert_eq!(report(&first), report(&second));
+    let (shorter, _) = run(
+        "shorter",
+        &["--data-cache-dir", cache_dir, "--max-seq-len", "64"],
+    );
+    assert!(shorter.contains(": built "), "{shorter}");
+    let entries = std::fs::read_dir(&cache).expect("the cache").count();
+    assert_eq!(entries, 2, "one entry per max_seq_len");
+    let (off, off_losses) = run("off", &["--no-data-cache"]);
+    assert!(!off.contains("data cache"), "{off}");
+    assert_eq!(off_losses, first_losses);
+    assert_eq!(std::fs::read_dir(&cache).expect("the cache").count(), 2);
 }

@@ -12,13 +12,21 @@
 //! 3. [`tokenize_records`]: prompt and response tokenized apart and joined,
 //!    EOS appended, loss on the response only unless `train_on_inputs`, the
 //!    `max_seq_len` policy applied and counted in a [`DataReport`].
+//! 4. [`DataCache`]: the tokenized examples kept on disk, keyed by the
+//!    data's bytes, the tokenizer and every setting that shapes them, so the
+//!    next start reads them back instead of tokenizing (`cache.rs`).
 
+mod cache;
 mod error;
 mod prompt_template;
 mod records;
 mod template;
 mod tokenize;
 
+pub use cache::{
+    CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, cache_key,
+    content_fingerprint, file_fingerprint,
+};
 pub use error::DataError;
 pub use prompt_template::template_fields;
 pub use records::{

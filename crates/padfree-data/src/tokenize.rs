@@ -280,7 +280,7 @@ pub struct TokenizedDataset {
 }
 
 /// What tokenization kept, cut and dropped.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DataReport {
     /// Records read.
     pub records: usize,

@@ -379,6 +379,8 @@ impl BenchJob {
             use_chat_template: false,
             max_seq_len: self.max_seq_len,
             overlong: Overlong::Truncate,
+            // A benchmark times training, and leaves nothing behind.
+            data_cache: None,
             gradient_checkpointing: self.gradient_checkpointing,
             merge_adapter: false,
             dequantize_base: false,

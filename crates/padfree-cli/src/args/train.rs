@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use clap::ValueEnum;
-use padfree_data::{FieldNames, Overlong};
+use padfree_data::{DataCache, FieldNames, Overlong};
 use padfree_model::Precision;
 use padfree_model::device::DeviceChoice;
 
@@ -126,6 +126,15 @@ pub struct TrainArgs {
     /// What to do with longer examples: keep their first --max-seq-len tokens, or drop them.
     #[arg(long, value_enum, default_value_t = OverlongArg::Truncate)]
     pub overlong: OverlongArg,
+    /// Where tokenized data sets are kept, so the next start with the same
+    /// data, tokenizer and settings does not tokenize again (default:
+    /// $PADFREE_DATA_CACHE, else $XDG_CACHE_HOME/padfree/data, else
+    /// ~/.cache/padfree/data).
+    #[arg(long, value_name = "DIR")]
+    pub data_cache_dir: Option<PathBuf>,
+    /// Tokenize the data on every start, and keep nothing of it on disk.
+    #[arg(long, conflicts_with = "data_cache_dir")]
+    pub no_data_cache: bool,
 
     /// Examples per micro-batch.
     #[arg(long, default_value_t = 8, conflicts_with = "max_tokens_per_batch")]
@@ -344,6 +353,9 @@ pub struct TrainJob {
     pub use_chat_template: bool,
     pub max_seq_len: usize,
     pub overlong: Overlong,
+    /// Where tokenized data sets are kept (`None`: --no-data-cache, or no
+    /// home directory to keep them in).
+    pub data_cache: Option<DataCache>,
     pub gradient_checkpointing: bool,
     /// `--merge-adapter`.
     pub merge_adapter: bool,
@@ -602,6 +614,11 @@ impl TrainArgs {
             overlong: match self.overlong {
                 OverlongArg::Truncate => Overlong::Truncate,
                 OverlongArg::Drop => Overlong::Drop,
+            },
+            data_cache: match (self.no_data_cache, self.data_cache_dir) {
+                (true, _) => None,
+                (false, Some(dir)) => Some(DataCache::new(dir)),
+                (false, None) => DataCache::default_dir().map(DataCache::new),
             },
             gradient_checkpointing: self.gradient_checkpointing,
             merge_adapter: self.merge_adapter,

@@ -4,13 +4,10 @@
 //! warnings for what would be silently lost (unused text fields, a
 //! tokenizer that is not the model's own).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
-use padfree_data::{
-    FieldNames, Record, SourceRecord, TextTokenizer, TokenizeConfig, UnusedField, read_records,
-    read_records_from_str, tokenize_records, unused_text_fields,
-};
+use padfree_data::{Record, TextTokenizer, TokenizeConfig};
 use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::gguf::GgufFile;
 use padfree_model::kernels::{self, kernel_bodies};
@@ -19,12 +16,12 @@ use padfree_model::tensor::{Device, cpu_device};
 use padfree_model::{LlamaConfig, LlamaModel, LoraConfig, is_adapter_dir, tokenizer_from_gguf};
 use padfree_train::TrainError;
 
+use super::data::{
+    EMBEDDED_DATA, EMBEDDED_DATA_NAME, EMBEDDED_EVAL_DATA, EMBEDDED_EVAL_DATA_NAME, read_data,
+    tokenize_data, warn_unused_fields,
+};
 use crate::args::{ModelSource, TrainJob, is_gguf};
 
-const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
-const EMBEDDED_DATA: &str = include_str!("../../../../data/gsm-symbolic/train.jsonl");
-const EMBEDDED_EVAL_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/eval.jsonl";
-const EMBEDDED_EVAL_DATA: &str = include_str!("../../../../data/gsm-symbolic/eval.jsonl");
 const EMBEDDED_TOKENIZER: &[u8] = include_bytes!("../../../../data/gsm-symbolic/tokenizer.json");
 const EMBEDDED_TOKENIZER_CONFIG: &str =
     include_str!("../../../../data/gsm-symbolic/tokenizer_config.json");
@@ -120,7 +117,13 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
         vocab_limit: config.vocab_size,
     };
     warn_unused_fields(&data_name, &records, &job.fields);
-    let dataset = tokenize_records(&data_name, &records, tokenizer.as_ref(), &tokenize)?;
+    let dataset = tokenize_data(
+        job,
+        (&data_name, job.data.is_none().then_some(EMBEDDED_DATA)),
+        &records,
+        tokenizer.as_ref(),
+        &tokenize,
+    )?;
     say!("data: {}: {}", data_name.display(), dataset.report);
     let eval_dataset = match &job.eval {
         Some(eval) => {
@@ -131,7 +134,14 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
                 &job.fields,
             )?;
             warn_unused_fields(&name, &records, &job.fields);
-            let eval_dataset = tokenize_records(&name, &records, tokenizer.as_ref(), &tokenize)?;
+            let embedded = eval.data.is_none().then_some(EMBEDDED_EVAL_DATA);
+            let eval_dataset = tokenize_data(
+                job,
+                (&name, embedded),
+                &records,
+                tokenizer.as_ref(),
+                &tokenize,
+            )?;
             say!("eval data: {}: {}", name.display(), eval_dataset.report);
             Some(eval_dataset)
         }
@@ -143,82 +153,6 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
         dataset,
         eval_dataset,
     })
-}
-
-/// The records of `path` (given by `--flag`), or without one those of the
-/// shipped file `embedded` (its name and text), with the name they are
-/// reported under.
-fn read_data(
-    flag: &str,
-    path: Option<&Path>,
-    (embedded_name, embedded_text): (&str, &str),
-    fields: &FieldNames,
-) -> anyhow::Result<(PathBuf, Vec<SourceRecord>)> {
-    Ok(match path {
-        Some(path) => {
-            match std::fs::metadata(path) {
-                Ok(meta) if meta.is_dir() => bail!(
-                    "--{flag} {}: a directory, not a data file\nHINT: give a JSONL file (one JSON object per line) or a JSON array",
-                    path.display()
-                ),
-                Ok(_) => {}
-                Err(err) => bail!(
-                    "--{flag} {}: {err}\nHINT: give an existing, readable JSONL or JSON file",
-                    path.display()
-                ),
-            }
-            (path.to_owned(), read_records(path, fields)?)
-        }
-        None => (
-            PathBuf::from(embedded_name),
-            read_records_from_str(Path::new(embedded_name), embedded_text, fields)?,
-        ),
-    })
-}
-
-/// Names the text fields of `file` that no record's shape trains on.
-fn warn_unused_fields(file: &Path, records: &[SourceRecord], fields: &FieldNames) {
-    for field in unused_text_fields(records) {
-        warn!(
-            "{}: field `{}` holds text in {} of {} records (the first at {}), but their record shape does not use it: it is not trained on\nHINT: to train on it, {}name it with --prompt-field/--completion-field or --dataset-text-field, or drop it from the file to silence this",
-            file.display(),
-            field.name,
-            field.records,
-            records.len(),
-            field.first,
-            template_hint(&field, fields)
-        );
-    }
-}
-
-/// `build the prompt from it with --prompt-template (e.g. ...), ` for an
-/// unused field of prompt/completion records: the template in use with the
-/// field added, or one from the fields the shape reads (the field first,
-/// then the prompt's, the completion's as `--completion-field`); empty for
-/// other shapes (a template would turn a chat into one prompt).
-fn template_hint(field: &UnusedField, fields: &FieldNames) -> String {
-    let (template, completion) = match (&fields.prompt_template, &fields.completion) {
-        (Some(template), Some(completion)) => (
-            format!("{template}\\n{{{}}}", field.name),
-            completion.clone(),
-        ),
-        _ => {
-            let Some((completion, prompt)) = field.beside.split_last() else {
-                return String::new();
-            };
-            if !field.prompted {
-                return String::new();
-            }
-            let pieces: Vec<String> = std::iter::once(&field.name)
-                .chain(prompt)
-                .map(|name| format!("{{{name}}}"))
-                .collect();
-            (pieces.join("\\n"), completion.clone())
-        }
-    };
-    format!(
-        "build the prompt from it with --prompt-template (e.g. --prompt-template '{template}' --completion-field {completion}), "
-    )
 }
 
 /// A trainer error that names an example by its index, named by its record

@@ -25,6 +25,7 @@ macro_rules! warn {
 
 pub mod bench;
 pub mod check;
+mod data;
 pub mod load;
 pub mod pack;
 pub mod train;

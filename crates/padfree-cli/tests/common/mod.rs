@@ -128,3 +128,38 @@ pub const QUICK_BENCH: [&str; 6] = [
     "--per-device-train-batch-size",
     "4",
 ];
+
+/// A 2-step run of `config` on `data` into `out` (batch 4, every loss
+/// logged, nothing saved) with `extra` flags: its stdout and the bits of
+/// every logged loss.
+pub fn two_steps(config: &str, data: &Path, out: &Path, extra: &[&str]) -> (String, Vec<u64>) {
+    let mut args = vec![
+        "train",
+        "--config",
+        config,
+        "--data",
+        data.to_str().expect("utf-8"),
+        "--max-steps",
+        "2",
+        "--per-device-train-batch-size",
+        "4",
+        "--logging-steps",
+        "1",
+        "--save-strategy",
+        "no",
+        "--output-dir",
+        out.to_str().expect("utf-8"),
+    ];
+    args.extend(extra);
+    let output = padfree(&args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let losses = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .expect("metrics")
+        .lines()
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).expect("json");
+            row["loss"].as_f64().expect("loss").to_bits()
+        })
+        .collect();
+    (String::from_utf8_lossy(&output.stdout).into_owned(), losses)
+}

@@ -1,0 +1,124 @@
+//! A run's data: the records of a data file (or the shipped ones), warnings
+//! for text fields no record shape trains on, and the examples, through the
+//! tokenized-data cache unless `--no-data-cache`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+use padfree_data::{
+    CacheKeyParts, FieldNames, Fingerprint, SourceRecord, TextTokenizer, TokenizeConfig,
+    TokenizedDataset, UnusedField, content_fingerprint, file_fingerprint, read_records,
+    read_records_from_str, tokenize_records, unused_text_fields,
+};
+
+use crate::args::TrainJob;
+
+pub(super) const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
+pub(super) const EMBEDDED_DATA: &str = include_str!("../../../../data/gsm-symbolic/train.jsonl");
+pub(super) const EMBEDDED_EVAL_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/eval.jsonl";
+pub(super) const EMBEDDED_EVAL_DATA: &str =
+    include_str!("../../../../data/gsm-symbolic/eval.jsonl");
+
+/// The examples of `records`, read from `file` (`embedded`: the shipped
+/// text it names), through the tokenized-data cache unless
+/// `--no-data-cache`; says whether the cache was built or reused, and where.
+pub(super) fn tokenize_data(
+    job: &TrainJob,
+    (file, embedded): (&Path, Option<&str>),
+    records: &[SourceRecord],
+    tokenizer: Option<&TextTokenizer>,
+    config: &TokenizeConfig,
+) -> anyhow::Result<TokenizedDataset> {
+    let Some(cache) = &job.data_cache else {
+        return Ok(tokenize_records(file, records, tokenizer, config)?);
+    };
+    let content: Fingerprint = match embedded {
+        Some(text) => content_fingerprint(text.as_bytes()),
+        None => file_fingerprint(file)?,
+    };
+    let parts = CacheKeyParts {
+        content,
+        fields: &job.fields,
+        tokenizer,
+        config,
+    };
+    let (dataset, used) = cache.tokenize(file, records, &parts)?;
+    say!("data cache: {}: {used}", file.display());
+    Ok(dataset)
+}
+
+/// The records of `path` (given by `--flag`), or without one those of the
+/// shipped file `embedded` (its name and text), with the name they are
+/// reported under.
+pub(super) fn read_data(
+    flag: &str,
+    path: Option<&Path>,
+    (embedded_name, embedded_text): (&str, &str),
+    fields: &FieldNames,
+) -> anyhow::Result<(PathBuf, Vec<SourceRecord>)> {
+    Ok(match path {
+        Some(path) => {
+            match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => bail!(
+                    "--{flag} {}: a directory, not a data file\nHINT: give a JSONL file (one JSON object per line) or a JSON array",
+                    path.display()
+                ),
+                Ok(_) => {}
+                Err(err) => bail!(
+                    "--{flag} {}: {err}\nHINT: give an existing, readable JSONL or JSON file",
+                    path.display()
+                ),
+            }
+            (path.to_owned(), read_records(path, fields)?)
+        }
+        None => (
+            PathBuf::from(embedded_name),
+            read_records_from_str(Path::new(embedded_name), embedded_text, fields)?,
+        ),
+    })
+}
+
+/// Names the text fields of `file` that no record's shape trains on.
+pub(super) fn warn_unused_fields(file: &Path, records: &[SourceRecord], fields: &FieldNames) {
+    for field in unused_text_fields(records) {
+        warn!(
+            "{}: field `{}` holds text in {} of {} records (the first at {}), but their record shape does not use it: it is not trained on\nHINT: to train on it, {}name it with --prompt-field/--completion-field or --dataset-text-field, or drop it from the file to silence this",
+            file.display(),
+            field.name,
+            field.records,
+            records.len(),
+            field.first,
+            template_hint(&field, fields)
+        );
+    }
+}
+
+/// `build the prompt from it with --prompt-template (e.g. ...), ` for an
+/// unused field of prompt/completion records: the template in use with the
+/// field added, or one from the fields the shape reads (the field first,
+/// then the prompt's, the completion's as `--completion-field`); empty for
+/// other shapes (a template would turn a chat into one prompt).
+fn template_hint(field: &UnusedField, fields: &FieldNames) -> String {
+    let (template, completion) = match (&fields.prompt_template, &fields.completion) {
+        (Some(template), Some(completion)) => (
+            format!("{template}\\n{{{}}}", field.name),
+            completion.clone(),
+        ),
+        _ => {
+            let Some((completion, prompt)) = field.beside.split_last() else {
+                return String::new();
+            };
+            if !field.prompted {
+                return String::new();
+            }
+            let pieces: Vec<String> = std::iter::once(&field.name)
+                .chain(prompt)
+                .map(|name| format!("{{{name}}}"))
+                .collect();
+            (pieces.join("\\n"), completion.clone())
+        }
+    };
+    format!(
+        "build the prompt from it with --prompt-template (e.g. --prompt-template '{template}' --completion-field {completion}), "
+    )
+}

@@ -1,0 +1,350 @@
+//! The tokenized-data cache: read back equal to a fresh tokenization, missed
+//! when any part of its key changes, never trusted when damaged, whole when
+//! several processes build it at once.
+
+use std::path::{Path, PathBuf};
+
+use padfree_data::{
+    CacheKeyParts, CacheUse, DataCache, FieldNames, Overlong, SourceRecord, TextTokenizer,
+    TokenizeConfig, TokenizedDataset, cache_key, content_fingerprint, file_fingerprint,
+    read_records_from_str, tokenize_records,
+};
+
+fn shipped(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/gsm-symbolic")
+        .join(name)
+}
+
+fn tokenizer() -> TextTokenizer {
+    TextTokenizer::from_file(&shipped("tokenizer.json")).expect("the shipped tokenizer loads")
+}
+
+fn config() -> TokenizeConfig {
+    TokenizeConfig {
+        train_on_inputs: false,
+        use_chat_template: false,
+        max_seq_len: 160,
+        overlong: Overlong::Truncate,
+        vocab_limit: 8192,
+    }
+}
+
+/// The first 300 shipped records (some longer than 160 tokens: truncated).
+fn data() -> String {
+    let text = std::fs::read_to_string(shipped("train.jsonl")).expect("shipped data");
+    text.lines().take(300).collect::<Vec<_>>().join("\n")
+}
+
+fn records(text: &str) -> Vec<SourceRecord> {
+    read_records_from_str(Path::new("d.jsonl"), text, &FieldNames::default()).expect("parses")
+}
+
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("padfree-data-cache-")
+        .tempdir()
+        .expect("scratch dir")
+}
+
+/// The slow, obvious path: tokenized without a cache.
+fn fresh(text: &str, tokenizer: &TextTokenizer, config: &TokenizeConfig) -> TokenizedDataset {
+    tokenize_records(
+        Path::new("d.jsonl"),
+        &records(text),
+        Some(tokenizer),
+        config,
+    )
+    .expect("tokenizes")
+}
+
+fn same(a: &TokenizedDataset, b: &TokenizedDataset) {
+    assert_eq!(a.examples, b.examples);
+    assert_eq!(a.locations, b.locations);
+    assert_eq!(a.report, b.report);
+}
+
+fn run(
+    cache: &DataCache,
+    text: &str,
+    tokenizer: &TextTokenizer,
+    config: &TokenizeConfig,
+) -> (TokenizedDataset, CacheUse) {
+    let fields = FieldNames::default();
+    let parts = CacheKeyParts {
+        content: content_fingerprint(text.as_bytes()),
+        fields: &fields,
+        tokenizer: Some(tokenizer),
+        config,
+    };
+    cache
+        .tokenize(Path::new("d.jsonl"), &records(text), &parts)
+        .expect("tokenizes")
+}
+
+#[test]
+fn a_second_start_reads_back_what_the_first_tokenized() {
+    let dir = scratch();
+    let cache = DataCache::new(dir.path().join("cache"));
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let fresh = fresh(&text, &tokenizer, &config);
+    assert!(
+        fresh.report.truncated > 0,
+        "the test needs a truncated example"
+    );
+    let (built, first) = run(&cache, &text, &tokenizer, &config);
+    assert!(matches!(first, CacheUse::Built(_)), "{first:?}");
+    same(&built, &fresh);
+    let (reused, second) = run(&cache, &text, &tokenizer, &config);
+    let CacheUse::Reused(entry) = second else {
+        panic!("{second:?}")
+    };
+    same(&reused, &fresh);
+    assert_eq!(reused.source, Path::new("d.jsonl"));
+    let names: Vec<String> = std::fs::read_dir(&entry)
+        .expect("the entry")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+}
+
+#[test]
+fn every_part_of_the_key_names_another_entry() {
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let fields = FieldNames::default();
+    let template = FieldNames {
+        prompt_template: Some("{question}".into()),
+        completion: Some("answer".into()),
+        ..FieldNames::default()
+    };
+    let mut edited = text.clone().into_bytes();
+    edited[10] ^= 1;
+    // Another tokenizer: the same vocabulary with another chat template.
+    let json = std::fs::read(shipped("tokenizer.json")).expect("tokenizer.json");
+    let other = TextTokenizer::from_bytes(
+        "other",
+        &json,
+        Some(r#"{"eos_token": "<|endoftext|>", "chat_template": "{{ messages }}"}"#.into()),
+    )
+    .expect("loads");
+    let base = CacheKeyParts {
+        content: content_fingerprint(text.as_bytes()),
+        fields: &fields,
+        tokenizer: Some(&tokenizer),
+        config: &config,
+    };
+    let configs = [
+        TokenizeConfig {
+            train_on_inputs: true,
+            ..config.clone()
+        },
+        TokenizeConfig {
+            use_chat_template: true,
+            ..config.clone()
+        },
+        TokenizeConfig {
+            max_seq_len: 161,
+            ..config.clone()
+        },
+        TokenizeConfig {
+            overlong: Overlong::Drop,
+            ..config.clone()
+        },
+        TokenizeConfig {
+            vocab_limit: 8193,
+            ..config.clone()
+        },
+    ];
+    let mut keys = vec![
+        cache_key(&base).expect("key"),
+        cache_key(&CacheKeyParts {
+            content: content_fingerprint(&edited),
+            ..base
+        })
+        .expect("key"),
+        cache_key(&CacheKeyParts {
+            fields: &template,
+            ..base
+        })
+        .expect("key"),
+        cache_key(&CacheKeyParts {
+            tokenizer: Some(&other),
+            ..base
+        })
+        .expect("key"),
+        cache_key(&CacheKeyParts {
+            tokenizer: None,
+            ..base
+        })
+        .expect("key"),
+    ];
+    for config in &configs {
+        keys.push(cache_key(&CacheKeyParts { config, ..base }).expect("key"));
+    }
+    // The same parts give the same key (a fresh load of the tokenizer too).
+    let again = tokenizer_again();
+    assert_eq!(
+        cache_key(&CacheKeyParts {
+            tokenizer: Some(&again),
+            ..base
+        })
+        .expect("key"),
+        keys[0]
+    );
+    let count = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), count, "every part changes the key");
+}
+
+fn tokenizer_again() -> TextTokenizer {
+    tokenizer()
+}
+
+#[test]
+fn a_damaged_entry_is_rebuilt_not_trusted() {
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let fresh = fresh(&text, &tokenizer, &config);
+    type Damage = fn(&Path);
+    let damages: [(&str, Damage, &str); 4] = [
+        (
+            "a flipped id",
+            |entry| flip(&entry.join("ids.u32"), 40),
+            "checksum",
+        ),
+        (
+            "labels cut short",
+            |entry| cut(&entry.join("labels.i32")),
+            "cut short",
+        ),
+        (
+            "a torn manifest",
+            |entry| cut(&entry.join("dataset.json")),
+            "not whole",
+        ),
+        (
+            "a missing offsets file",
+            |entry| std::fs::remove_file(entry.join("offsets.u64")).expect("removes"),
+            "could not be read",
+        ),
+    ];
+    for (what, damage, said) in damages {
+        let dir = scratch();
+        let cache = DataCache::new(dir.path());
+        let (_, built) = run(&cache, &text, &tokenizer, &config);
+        let CacheUse::Built(entry) = built else {
+            panic!("{what}: {built:?}")
+        };
+        damage(&entry);
+        let (rebuilt, used) = run(&cache, &text, &tokenizer, &config);
+        match &used {
+            CacheUse::Rebuilt(_, why) => assert!(why.contains(said), "{what}: {why}"),
+            other => panic!("{what}: {other:?}"),
+        }
+        same(&rebuilt, &fresh);
+        let (_, after) = run(&cache, &text, &tokenizer, &config);
+        assert!(matches!(after, CacheUse::Reused(_)), "{what}: {after:?}");
+    }
+}
+
+fn flip(path: &Path, at: usize) {
+    let mut bytes = std::fs::read(path).expect("reads");
+    bytes[at] ^= 0x10;
+    std::fs::write(path, bytes).expect("writes");
+}
+
+fn cut(path: &Path) {
+    let bytes = std::fs::read(path).expect("reads");
+    std::fs::write(path, &bytes[..bytes.len() / 2]).expect("writes");
+}
+
+#[test]
+fn a_writer_stopped_midway_leaves_nothing_that_is_read() {
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let dir = scratch();
+    let cache = DataCache::new(dir.path());
+    let fields = FieldNames::default();
+    let key = cache_key(&CacheKeyParts {
+        content: content_fingerprint(text.as_bytes()),
+        fields: &fields,
+        tokenizer: Some(&tokenizer),
+        config: &config,
+    })
+    .expect("key");
+    // What a process killed while writing leaves: its temporary directory.
+    let tmp = dir.path().join(format!(".tmp-{key}-1-2"));
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    std::fs::write(tmp.join("ids.u32"), [1, 2, 3]).expect("junk");
+    let (_, used) = run(&cache, &text, &tokenizer, &config);
+    assert!(matches!(used, CacheUse::Built(_)), "{used:?}");
+    let (_, used) = run(&cache, &text, &tokenizer, &config);
+    assert!(matches!(used, CacheUse::Reused(_)), "{used:?}");
+}
+
+#[test]
+fn writers_at_once_leave_one_whole_entry() {
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let fresh = fresh(&text, &tokenizer, &config);
+    let dir = scratch();
+    let cache = DataCache::new(dir.path());
+    let start = std::sync::Barrier::new(4);
+    let results: Vec<(TokenizedDataset, CacheUse)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    start.wait();
+                    run(&cache, &text, &tokenizer, &config)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a writer"))
+            .collect()
+    });
+    for (dataset, used) in &results {
+        same(dataset, &fresh);
+        assert!(
+            matches!(used, CacheUse::Built(_) | CacheUse::Reused(_)),
+            "{used:?}"
+        );
+    }
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("the cache")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left.len(), 1, "one entry, no temporaries: {left:?}");
+    let (again, used) = run(&cache, &text, &tokenizer, &config);
+    assert!(matches!(used, CacheUse::Reused(_)), "{used:?}");
+    same(&again, &fresh);
+}
+
+#[test]
+fn a_cache_that_cannot_be_written_is_said_and_the_run_goes_on() {
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let dir = scratch();
+    let not_a_dir = dir.path().join("file");
+    std::fs::write(&not_a_dir, "x").expect("a file");
+    let (dataset, used) = run(&DataCache::new(&not_a_dir), &text, &tokenizer, &config);
+    assert!(!dataset.examples.is_empty());
+    assert!(matches!(used, CacheUse::NotWritten(..)), "{used:?}");
+    assert!(used.to_string().contains("HINT:"), "{used}");
+}
+
+#[test]
+fn a_file_is_fingerprinted_as_its_bytes() {
+    let dir = scratch();
+    // Past one 8 MiB read block, and not a multiple of 8 bytes.
+    let bytes: Vec<u8> = (0..(9u32 << 20) + 5)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let path = dir.path().join("big.jsonl");
+    std::fs::write(&path, &bytes).expect("writes");
+    assert_eq!(
+        file_fingerprint(&path).expect("reads"),
+        content_fingerprint(&bytes)
+    );
+    let mut edited = bytes.clone();
+    edited[(8 << 20) + 3] ^= 1;
+    assert_ne!(content_fingerprint(&edited), content_fingerprint(&bytes));
+}
