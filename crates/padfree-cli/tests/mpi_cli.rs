@@ -722,3 +722,34 @@ fn lora_ranks_match_one_process() {
         assert!(relative <= 2e-6, "{name}: relative error {relative}");
     }
 }
+
+/// A cold start on 2 ranks: each tokenizes half of the records and both
+/// join the halves (said by rank 0); the next start reads the entry back;
+/// both train as the run without a cache does.
+#[test]
+fn ranks_share_the_tokenization_of_a_cold_start() {
+    let guard = scratch("mpi-data-cache");
+    let dir = guard.path();
+    let (config, data) = setup(dir);
+    let cache = dir.join("cache").display().to_string();
+    let run = |name: &str, extra: &[&str]| {
+        let out = dir.join(name).display().to_string();
+        let mut args = run_args(&config, &data, &out, 1);
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let output = mpirun(2, &as_str(&args), &[]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            step_losses(&dir.join(name)),
+        )
+    };
+    let (cold, cold_losses) = run("cold", &["--data-cache-dir", &cache]);
+    assert!(cold.contains("by 2 ranks"), "{cold}");
+    let (warm, warm_losses) = run("warm", &["--data-cache-dir", &cache]);
+    assert!(warm.contains(": reused "), "{warm}");
+    let (_, uncached) = run("uncached", &["--no-data-cache"]);
+    assert_eq!(cold_losses, uncached);
+    assert_eq!(warm_losses, uncached);
+    let entries = std::fs::read_dir(dir.join("cache")).expect("cache").count();
+    assert_eq!(entries, 1, "the entry alone, no shares left");
+}

@@ -24,7 +24,7 @@ mod template;
 mod tokenize;
 
 pub use cache::{
-    CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, cache_key,
+    CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Ranks, cache_key,
     content_fingerprint, file_fingerprint,
 };
 pub use error::DataError;
@@ -35,6 +35,6 @@ pub use records::{
 };
 pub use template::{CHATML_TEMPLATE, ChatTemplate};
 pub use tokenize::{
-    DataReport, Overlong, TextTokenizer, TokenizeConfig, TokenizedDataset, TokenizerDifference,
-    tokenize_records,
+    DataReport, Overlong, TextTokenizer, TokenizeConfig, TokenizedDataset, TokenizedPart,
+    TokenizerDifference, finish_parts, tokenize_part, tokenize_records,
 };

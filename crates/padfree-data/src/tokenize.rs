@@ -354,6 +354,33 @@ pub fn tokenize_records(
     tokenizer: Option<&TextTokenizer>,
     config: &TokenizeConfig,
 ) -> Result<TokenizedDataset, DataError> {
+    let part = tokenize_part(path, records, tokenizer, config)?;
+    finish_parts(path, vec![part], config)
+}
+
+/// The examples of some of a file's records (a rank's share), before the
+/// whole set is known: [`finish_parts`] joins the parts in file order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenizedPart {
+    /// One per kept record, in file order.
+    pub examples: Vec<Example>,
+    /// The record location of every example.
+    pub locations: Vec<String>,
+    /// Its records, and what was cut and dropped (the counts only).
+    pub report: DataReport,
+    /// Examples dropped for having one token: nothing precedes it to
+    /// predict it from.
+    pub single_tokens: usize,
+}
+
+/// Tokenizes `records`, a part of the file at `path` (all of it, or a
+/// rank's share); the first bad record in file order is the error.
+pub fn tokenize_part(
+    path: &Path,
+    records: &[SourceRecord],
+    tokenizer: Option<&TextTokenizer>,
+    config: &TokenizeConfig,
+) -> Result<TokenizedPart, DataError> {
     let mut report = DataReport {
         records: records.len(),
         max_seq_len: config.max_seq_len,
@@ -361,8 +388,6 @@ pub fn tokenize_records(
     };
     let mut examples = Vec::with_capacity(records.len());
     let mut locations = Vec::with_capacity(records.len());
-    // Examples dropped for having one token: nothing precedes it to
-    // predict it from.
     let mut single_tokens = 0;
     for source in records {
         let fail = |message: String, hint: &str| DataError::Record {
@@ -437,6 +462,41 @@ pub fn tokenize_records(
         report.label_tokens += example.num_loss_tokens();
         examples.push(example);
         locations.push(source.location.clone());
+    }
+    Ok(TokenizedPart {
+        examples,
+        locations,
+        report,
+        single_tokens,
+    })
+}
+
+/// The data set of `parts`, in file order: their examples end to end, the
+/// report over all of them; refused when no example is left.
+pub fn finish_parts(
+    path: &Path,
+    parts: Vec<TokenizedPart>,
+    config: &TokenizeConfig,
+) -> Result<TokenizedDataset, DataError> {
+    let mut report = DataReport {
+        max_seq_len: config.max_seq_len,
+        ..DataReport::default()
+    };
+    let (mut examples, mut locations, mut single_tokens) = (Vec::new(), Vec::new(), 0);
+    for part in parts {
+        report.records += part.report.records;
+        report.truncated += part.report.truncated;
+        report.dropped_overlong += part.report.dropped_overlong;
+        report.dropped_no_labels += part.report.dropped_no_labels;
+        report.tokens += part.report.tokens;
+        report.label_tokens += part.report.label_tokens;
+        single_tokens += part.single_tokens;
+        if examples.is_empty() {
+            (examples, locations) = (part.examples, part.locations);
+        } else {
+            examples.extend(part.examples);
+            locations.extend(part.locations);
+        }
     }
     if examples.is_empty() {
         return Err(DataError::File {

@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use padfree_data::{
-    CacheKeyParts, CacheUse, DataCache, FieldNames, Overlong, SourceRecord, TextTokenizer,
-    TokenizeConfig, TokenizedDataset, cache_key, content_fingerprint, file_fingerprint,
-    read_records_from_str, tokenize_records,
+    CacheKeyParts, CacheUse, DataCache, DataError, FieldNames, Overlong, Ranks, SourceRecord,
+    TextTokenizer, TokenizeConfig, TokenizedDataset, cache_key, content_fingerprint,
+    file_fingerprint, read_records_from_str, tokenize_records,
 };
 
 fn shipped(name: &str) -> PathBuf {
@@ -347,4 +347,147 @@ fn a_file_is_fingerprinted_as_its_bytes() {
     let mut edited = bytes.clone();
     edited[(8 << 20) + 3] ^= 1;
     assert_ne!(content_fingerprint(&edited), content_fingerprint(&bytes));
+}
+
+/// Threads standing in for MPI ranks: a barrier, and a vote every rank
+/// casts before any reads it.
+struct ThreadRanks {
+    rank: usize,
+    world: usize,
+    barrier: std::sync::Arc<std::sync::Barrier>,
+    votes: std::sync::Arc<std::sync::Mutex<Vec<bool>>>,
+}
+
+impl Ranks for ThreadRanks {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn barrier(&self) -> Result<(), String> {
+        self.barrier.wait();
+        Ok(())
+    }
+
+    fn all(&self, mine: bool) -> Result<bool, String> {
+        self.votes.lock().expect("votes")[self.rank] = mine;
+        self.barrier.wait();
+        let all = self.votes.lock().expect("votes").iter().all(|&v| v);
+        // Nobody votes again before everyone has counted.
+        self.barrier.wait();
+        Ok(all)
+    }
+}
+
+/// `world` threads as ranks, rank `r` with the cache in `dirs(r)`.
+fn on_ranks(
+    world: usize,
+    text: &str,
+    dirs: impl Fn(usize) -> PathBuf + Sync,
+) -> Vec<Result<(TokenizedDataset, CacheUse), DataError>> {
+    let (tokenizer, config) = (tokenizer(), config());
+    let fields = FieldNames::default();
+    let parts = CacheKeyParts {
+        content: content_fingerprint(text.as_bytes()),
+        fields: &fields,
+        tokenizer: Some(&tokenizer),
+        config: &config,
+    };
+    let records = records(text);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(world));
+    let votes = std::sync::Arc::new(std::sync::Mutex::new(vec![false; world]));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let ranks = ThreadRanks {
+                    rank,
+                    world,
+                    barrier: barrier.clone(),
+                    votes: votes.clone(),
+                };
+                let (dirs, records, parts) = (&dirs, &records, &parts);
+                scope.spawn(move || {
+                    DataCache::new(dirs(rank)).tokenize_on_ranks(
+                        Path::new("d.jsonl"),
+                        records,
+                        parts,
+                        &ranks,
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank"))
+            .collect()
+    })
+}
+
+#[test]
+fn ranks_tokenize_their_shares_and_join_them_in_file_order() {
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let fresh = fresh(&text, &tokenizer, &config);
+    let dir = scratch();
+    for (round, expected) in [("cold", "Shared"), ("warm", "Reused")] {
+        for (rank, result) in on_ranks(3, &text, |_| dir.path().to_owned())
+            .into_iter()
+            .enumerate()
+        {
+            let (dataset, used) = result.expect("tokenizes");
+            same(&dataset, &fresh);
+            assert!(
+                format!("{used:?}").starts_with(expected),
+                "{round}, rank {rank}: {used:?}"
+            );
+        }
+        let left: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("the cache")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            left.len(),
+            1,
+            "{round}: the entry alone, no shares: {left:?}"
+        );
+    }
+    // One process reads what the ranks built.
+    let (alone, used) = run(&DataCache::new(dir.path()), &text, &tokenizer, &config);
+    assert!(matches!(used, CacheUse::Reused(_)), "{used:?}");
+    same(&alone, &fresh);
+}
+
+#[test]
+fn every_rank_reports_the_first_bad_record_of_the_file() {
+    let mut lines: Vec<String> = data().lines().map(str::to_owned).collect();
+    // Out of the vocabulary, in the second and the third rank's shares.
+    lines[150] = r#"{"input_ids": [1, 99999]}"#.into();
+    lines[250] = r#"{"input_ids": [1, 99998]}"#.into();
+    let text = lines.join("\n");
+    let dir = scratch();
+    for result in on_ranks(3, &text, |_| dir.path().to_owned()) {
+        let err = result.expect_err("refused").to_string();
+        assert!(err.contains("line 151") && err.contains("99999"), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).expect("the cache").count(), 0);
+}
+
+#[test]
+fn ranks_that_do_not_share_a_directory_each_tokenize_everything() {
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let fresh = fresh(&text, &tokenizer, &config);
+    let dir = scratch();
+    for (rank, result) in on_ranks(2, &text, |rank| dir.path().join(format!("node-{rank}")))
+        .into_iter()
+        .enumerate()
+    {
+        let (dataset, used) = result.expect("tokenizes");
+        same(&dataset, &fresh);
+        assert!(matches!(used, CacheUse::Built(_)), "rank {rank}: {used:?}");
+        let node = dir.path().join(format!("node-{rank}"));
+        let left = std::fs::read_dir(&node).expect("the node's cache").count();
+        assert_eq!(left, 1, "rank {rank}: the entry alone, its share removed");
+    }
 }

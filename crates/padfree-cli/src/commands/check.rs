@@ -18,7 +18,7 @@ use crate::args::CheckJob;
 /// Runs `padfree check`: a check that could not test isolation (every
 /// batch held one example) is incomplete, and fails.
 pub fn run(job: &CheckJob) -> anyhow::Result<()> {
-    let Loaded { model, dataset, .. } = load(&job.train)?;
+    let Loaded { model, dataset, .. } = load(&job.train, None)?;
     let lengths: Vec<usize> = dataset.examples.iter().map(Example::len).collect();
     let config = job.train.train_config(&lengths);
     let model = model.with_precision(config.precision)?;

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use padfree_data::{
-    CacheKeyParts, FieldNames, Fingerprint, SourceRecord, TextTokenizer, TokenizeConfig,
+    CacheKeyParts, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer, TokenizeConfig,
     TokenizedDataset, UnusedField, content_fingerprint, file_fingerprint, read_records,
     read_records_from_str, tokenize_records, unused_text_fields,
 };
+
+use padfree_train::Communicator;
 
 use crate::args::TrainJob;
 
@@ -24,6 +26,7 @@ pub(super) const EMBEDDED_EVAL_DATA: &str =
 /// `--no-data-cache`; says whether the cache was built or reused, and where.
 pub(super) fn tokenize_data(
     job: &TrainJob,
+    comm: Option<&dyn Communicator>,
     (file, embedded): (&Path, Option<&str>),
     records: &[SourceRecord],
     tokenizer: Option<&TextTokenizer>,
@@ -42,9 +45,37 @@ pub(super) fn tokenize_data(
         tokenizer,
         config,
     };
-    let (dataset, used) = cache.tokenize(file, records, &parts)?;
+    let (dataset, used) = match comm.filter(|comm| comm.world_size() > 1) {
+        Some(comm) => cache.tokenize_on_ranks(file, records, &parts, &CommRanks(comm))?,
+        None => cache.tokenize(file, records, &parts)?,
+    };
     say!("data cache: {}: {used}", file.display());
     Ok(dataset)
+}
+
+/// The trainer's communicator as the data cache sees the ranks.
+struct CommRanks<'a>(&'a dyn Communicator);
+
+impl Ranks for CommRanks<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+
+    fn barrier(&self) -> Result<(), String> {
+        self.0.barrier().map_err(|err| err.to_string())
+    }
+
+    fn all(&self, mine: bool) -> Result<bool, String> {
+        let mut not = [f64::from(u8::from(!mine))];
+        self.0
+            .all_reduce_sum_f64(&mut not)
+            .map_err(|err| err.to_string())?;
+        Ok(not[0] == 0.0)
+    }
 }
 
 /// The records of `path` (given by `--flag`), or without one those of the

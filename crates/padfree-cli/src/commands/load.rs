@@ -14,7 +14,7 @@ use padfree_model::kernels::{self, kernel_bodies};
 use padfree_model::lora::peft::read_config as read_adapter_config;
 use padfree_model::tensor::{Device, cpu_device};
 use padfree_model::{LlamaConfig, LlamaModel, LoraConfig, is_adapter_dir, tokenizer_from_gguf};
-use padfree_train::TrainError;
+use padfree_train::{Communicator, TrainError};
 
 use super::data::{
     EMBEDDED_DATA, EMBEDDED_DATA_NAME, EMBEDDED_EVAL_DATA, EMBEDDED_EVAL_DATA_NAME, read_data,
@@ -35,8 +35,10 @@ pub struct Loaded {
     pub eval_dataset: Option<padfree_data::TokenizedDataset>,
 }
 
-/// Loads the model, tokenizer and data of `job`, printing what was loaded.
-pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
+/// Loads the model, tokenizer and data of `job`, printing what was loaded;
+/// `comm`: the ranks of a data-parallel job, which share the tokenization
+/// of a cold start through the data cache.
+pub fn load(job: &TrainJob, comm: Option<&dyn Communicator>) -> anyhow::Result<Loaded> {
     // First: a device that cannot be opened is refused before any work.
     let device = training_device(job)?;
     let (data_name, records) = read_data(
@@ -119,6 +121,7 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
     warn_unused_fields(&data_name, &records, &job.fields);
     let dataset = tokenize_data(
         job,
+        comm,
         (&data_name, job.data.is_none().then_some(EMBEDDED_DATA)),
         &records,
         tokenizer.as_ref(),
@@ -137,6 +140,7 @@ pub fn load(job: &TrainJob) -> anyhow::Result<Loaded> {
             let embedded = eval.data.is_none().then_some(EMBEDDED_EVAL_DATA);
             let eval_dataset = tokenize_data(
                 job,
+                comm,
                 (&name, embedded),
                 &records,
                 tokenizer.as_ref(),

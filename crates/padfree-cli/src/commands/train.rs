@@ -111,7 +111,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         tokenizer,
         dataset,
         eval_dataset,
-    } = load(job)?;
+    } = load(job, Some(comm.as_ref()))?;
 
     let resuming = job.resume_from_checkpoint.is_some();
     // Held to the end of the run, taken before the directory is checked:

@@ -397,7 +397,7 @@ fn timed_run(
     scratch: &Path,
 ) -> anyhow::Result<ModeResult> {
     let job = args.train_job(mode)?;
-    let loaded = load::load(&job)?;
+    let loaded = load::load(&job, None)?;
     let config = loaded.model.config().clone();
     let mut model_flops = 0.0;
     let lengths: Vec<usize> = loaded.dataset.examples.iter().map(|e| e.len()).collect();

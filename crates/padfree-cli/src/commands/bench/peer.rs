@@ -65,7 +65,7 @@ pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathB
         multipack: false,
         ranks: 1,
     })?;
-    let loaded = load::load(&job)?;
+    let loaded = load::load(&job, None)?;
     // A GGUF base in f32, dequantised from its blocks: what HF trains on.
     loaded.model.save_hf_dir(&peer_dir.join("model"))?;
     // The adapters every padfree mode starts from, for PEFT to load.

@@ -1,48 +1,14 @@
-//! The tokenized-data cache: a data set tokenized once is read back on the
-//! next start instead of tokenized again (HF `datasets`' fingerprinted
-//! cache, for padfree's examples).
-//!
-//! A cached data set is a directory named by its key, a hash of everything
-//! that decides its examples: the data's bytes (length and content), the
-//! tokenizer (its `tokenizer.json`, `tokenizer_config.json` and chat
-//! template, as written beside a saved model), the field names and prompt
-//! template, `max_seq_len`, the overlong policy, `train_on_inputs`,
-//! `use_chat_template`, the vocabulary limit, and [`FORMAT`]. Change any of
-//! them and the key changes: the old entry is not read. In it:
-//!
-//! - `ids.u32`, `labels.i32`: every example's input ids and labels, end to
-//!   end, little-endian;
-//! - `offsets.u64`: where each example starts, and the end;
-//! - `dataset.json`: the format, the key, the report, each example's record
-//!   location, the counts and a checksum of each of the three files.
-//!
-//! A reader trusts an entry only when all of that agrees; anything else (a
-//! truncated or edited file, another format) is a miss, said in a note, and
-//! the entry is built anew. A writer fills a temporary directory beside the
-//! entries and renames it into place, so another process (an MPI rank, a
-//! second run) sees a whole entry or none; when two build the same entry
-//! at once, the first rename wins and the other keeps its own result.
-//!
-//! Reading the records (JSON parsing) still happens on every start: the
-//! cache saves the tokenization, which is most of a cold start.
+//! An entry of the cache on disk: its files, written whole through a
+//! temporary directory and a rename, and read back in blocks with every
+//! checksum checked.
 
 use std::path::{Path, PathBuf};
 
 use padfree_pack::Example;
 use serde::{Deserialize, Serialize};
 
-use crate::error::DataError;
-use crate::records::{FieldNames, SourceRecord};
-use crate::tokenize::{DataReport, TextTokenizer, TokenizeConfig, TokenizedDataset};
-
-/// The layout of an entry; a new one misses every older entry.
-pub const FORMAT: &str = "padfree-data-cache 1";
-
-/// Where the tokenized data sets are kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DataCache {
-    dir: PathBuf,
-}
+use super::key::{FORMAT, Fnv};
+use crate::tokenize::{DataReport, TokenizedDataset};
 
 /// What the cache did for one data set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +21,8 @@ pub enum CacheUse {
     Rebuilt(PathBuf, String),
     /// Tokenized, but the entry could not be written (why); the run goes on.
     NotWritten(PathBuf, String),
+    /// Built by this many ranks, each tokenizing its share of the records.
+    Shared(PathBuf, usize),
 }
 
 impl std::fmt::Display for CacheUse {
@@ -62,6 +30,11 @@ impl std::fmt::Display for CacheUse {
         match self {
             Self::Reused(dir) => write!(f, "reused {} (not tokenized again)", dir.display()),
             Self::Built(dir) => write!(f, "built {}", dir.display()),
+            Self::Shared(dir, ranks) => write!(
+                f,
+                "built {} by {ranks} ranks, each tokenizing its share of the records",
+                dir.display()
+            ),
             Self::Rebuilt(dir, why) => write!(f, "rebuilt {} ({why})", dir.display()),
             Self::NotWritten(dir, why) => write!(
                 f,
@@ -69,167 +42,6 @@ impl std::fmt::Display for CacheUse {
                 dir.display()
             ),
         }
-    }
-}
-
-/// What decides a data set's examples, besides the records' own text.
-#[derive(Debug, Clone, Copy)]
-pub struct CacheKeyParts<'a> {
-    /// The data's bytes: [`content_fingerprint`] or [`file_fingerprint`].
-    pub content: Fingerprint,
-    /// How the records were read.
-    pub fields: &'a FieldNames,
-    /// `None` when every record is pre-tokenized.
-    pub tokenizer: Option<&'a TextTokenizer>,
-    /// How records become examples.
-    pub config: &'a TokenizeConfig,
-}
-
-/// The length and a hash of some bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fingerprint {
-    /// Bytes hashed.
-    pub len: u64,
-    /// FNV-1a over them (8 bytes a step).
-    pub hash: u64,
-}
-
-/// The fingerprint of `bytes`.
-pub fn content_fingerprint(bytes: &[u8]) -> Fingerprint {
-    let mut hash = Fnv::new();
-    hash.bytes(bytes);
-    Fingerprint {
-        len: bytes.len() as u64,
-        hash: hash.0,
-    }
-}
-
-/// The fingerprint of the file at `path`, read in blocks (the same as
-/// [`content_fingerprint`] of its bytes).
-pub fn file_fingerprint(path: &Path) -> Result<Fingerprint, DataError> {
-    use std::io::Read;
-    let io = |err| DataError::Io {
-        path: path.to_owned(),
-        err,
-        hint: "give an existing, readable data file",
-    };
-    let mut file = std::fs::File::open(path).map_err(io)?;
-    let mut hash = Fnv::new();
-    let mut block = vec![0u8; 8 << 20];
-    let (mut len, mut filled) = (0u64, 0usize);
-    loop {
-        let read = file.read(&mut block[filled..]).map_err(io)?;
-        if read == 0 {
-            break;
-        }
-        len += read as u64;
-        filled += read;
-        // Whole blocks only, so that 8-byte words fall where they do in
-        // one pass over the bytes.
-        if filled == block.len() {
-            hash.words(&block);
-            filled = 0;
-        }
-    }
-    hash.bytes(&block[..filled]);
-    Ok(Fingerprint { len, hash: hash.0 })
-}
-
-/// The key of a data set: hex of a hash of [`FORMAT`] and every part.
-pub fn cache_key(parts: &CacheKeyParts<'_>) -> Result<String, DataError> {
-    let mut hash = Fnv::new();
-    hash.bytes(FORMAT.as_bytes());
-    hash.u64(parts.content.len);
-    hash.u64(parts.content.hash);
-    // Debug prints every field by name: a field added later changes keys,
-    // which only costs a rebuild.
-    hash.bytes(format!("{:?}", parts.fields).as_bytes());
-    hash.bytes(format!("{:?}", parts.config).as_bytes());
-    match parts.tokenizer {
-        Some(tokenizer) => {
-            let files = tokenizer.hf_files().map_err(|message| DataError::File {
-                path: PathBuf::from(tokenizer.source_name()),
-                message: format!(
-                    "the tokenizer could not be serialised for the data cache key: {message}"
-                ),
-                hint: "pass --no-data-cache".into(),
-            })?;
-            for (name, bytes) in files {
-                hash.bytes(name.as_bytes());
-                hash.u64(bytes.len() as u64);
-                hash.bytes(&bytes);
-            }
-        }
-        None => hash.bytes(b"no tokenizer"),
-    }
-    Ok(format!("{:016x}", hash.0))
-}
-
-impl DataCache {
-    /// A cache in `dir` (made when first written).
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
-    }
-
-    /// Where the cache lives unless told: `$PADFREE_DATA_CACHE`, else
-    /// `$XDG_CACHE_HOME/padfree/data`, else `$HOME/.cache/padfree/data` (as
-    /// HF keeps `~/.cache/huggingface/datasets`); `None` without a home.
-    pub fn default_dir() -> Option<PathBuf> {
-        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-        if let Some(dir) = var("PADFREE_DATA_CACHE") {
-            return Some(PathBuf::from(dir));
-        }
-        if let Some(dir) = var("XDG_CACHE_HOME") {
-            return Some(PathBuf::from(dir).join("padfree").join("data"));
-        }
-        var("HOME").map(|home| {
-            PathBuf::from(home)
-                .join(".cache")
-                .join("padfree")
-                .join("data")
-        })
-    }
-
-    /// The directory of the cache.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// The examples of `records` (read from `path`) as [`crate::tokenize_records`]
-    /// makes them: read back from the cache when an entry for `parts` is
-    /// whole, else tokenized and written.
-    pub fn tokenize(
-        &self,
-        path: &Path,
-        records: &[SourceRecord],
-        parts: &CacheKeyParts<'_>,
-    ) -> Result<(TokenizedDataset, CacheUse), DataError> {
-        let key = cache_key(parts)?;
-        let entry = self.dir.join(&key);
-        let mut rebuilt = None;
-        if entry.exists() {
-            match read_entry(&entry, &key) {
-                Ok((examples, locations, report)) => {
-                    let dataset = TokenizedDataset {
-                        source: path.to_owned(),
-                        examples,
-                        locations,
-                        report,
-                    };
-                    return Ok((dataset, CacheUse::Reused(entry)));
-                }
-                Err(why) => rebuilt = Some(why),
-            }
-        }
-        let dataset =
-            crate::tokenize::tokenize_records(path, records, parts.tokenizer, parts.config)?;
-        let written = write_entry(&self.dir, &key, &dataset, path);
-        let used = match (written, rebuilt) {
-            (Err(why), _) => CacheUse::NotWritten(entry, why),
-            (Ok(()), Some(why)) => CacheUse::Rebuilt(entry, why),
-            (Ok(()), None) => CacheUse::Built(entry),
-        };
-        Ok((dataset, used))
     }
 }
 
@@ -246,6 +58,38 @@ struct Manifest {
     report: DataReport,
     locations: Vec<String>,
     checksums: Checksums,
+    /// A rank's share only: its examples dropped for one token.
+    #[serde(default)]
+    single_tokens: usize,
+    /// A rank's share only: its first bad record.
+    #[serde(default)]
+    error: Option<RecordError>,
+}
+
+/// A bad record, as a rank's share keeps it for the other ranks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct RecordError {
+    pub(super) location: String,
+    pub(super) message: String,
+    pub(super) hint: String,
+}
+
+/// What an entry holds: a whole data set, or a rank's share of one.
+pub(super) struct Contents<'a> {
+    pub(super) examples: &'a [Example],
+    pub(super) locations: &'a [String],
+    pub(super) report: &'a DataReport,
+    pub(super) single_tokens: usize,
+    pub(super) error: Option<RecordError>,
+}
+
+/// An entry read back.
+pub(super) struct Entry {
+    pub(super) examples: Vec<Example>,
+    pub(super) locations: Vec<String>,
+    pub(super) report: DataReport,
+    pub(super) single_tokens: usize,
+    pub(super) error: Option<RecordError>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -260,8 +104,20 @@ const IDS: &str = "ids.u32";
 const LABELS: &str = "labels.i32";
 const OFFSETS: &str = "offsets.u64";
 
+impl Entry {
+    /// The data set it holds, as read from `path`.
+    pub(super) fn into_dataset(self, path: &Path) -> TokenizedDataset {
+        TokenizedDataset {
+            source: path.to_owned(),
+            examples: self.examples,
+            locations: self.locations,
+            report: self.report,
+        }
+    }
+}
+
 /// The entry's examples, or why it cannot be trusted.
-fn read_entry(entry: &Path, key: &str) -> Result<(Vec<Example>, Vec<String>, DataReport), String> {
+pub(super) fn read_entry(entry: &Path, key: &str) -> Result<Entry, String> {
     let manifest = std::fs::read(entry.join(MANIFEST))
         .map_err(|err| format!("{MANIFEST} could not be read: {err}"))?;
     let manifest: Manifest = serde_json::from_slice(&manifest)
@@ -332,16 +188,22 @@ fn read_entry(entry: &Path, key: &str) -> Result<(Vec<Example>, Vec<String>, Dat
     if sums != manifest.checksums {
         return Err("a file's checksum differs from the one written (changed or damaged)".into());
     }
-    Ok((examples, manifest.locations, manifest.report))
+    Ok(Entry {
+        examples,
+        locations: manifest.locations,
+        report: manifest.report,
+        single_tokens: manifest.single_tokens,
+        error: manifest.error,
+    })
 }
 
 /// Writes the entry `key` of `dataset` into `dir` through a temporary
 /// directory renamed into place; an entry another process finished first
 /// is kept. Gives why it could not.
-fn write_entry(
+pub(super) fn write_entry(
     dir: &Path,
     key: &str,
-    dataset: &TokenizedDataset,
+    contents: &Contents<'_>,
     path: &Path,
 ) -> Result<(), String> {
     let entry = dir.join(key);
@@ -351,7 +213,7 @@ fn write_entry(
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let call = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".tmp-{key}-{}-{call}", std::process::id()));
-    let result = fill(&tmp, key, dataset, path).and_then(|()| place(&tmp, &entry, key));
+    let result = fill(&tmp, key, contents, path).and_then(|()| place(&tmp, &entry, key));
     if tmp.exists() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
@@ -385,7 +247,18 @@ fn place(tmp: &Path, entry: &Path, key: &str) -> Result<(), String> {
     Err(last)
 }
 
-fn fill(tmp: &Path, key: &str, dataset: &TokenizedDataset, path: &Path) -> Result<(), String> {
+/// The contents of a whole data set.
+pub(super) fn whole(dataset: &TokenizedDataset) -> Contents<'_> {
+    Contents {
+        examples: &dataset.examples,
+        locations: &dataset.locations,
+        report: &dataset.report,
+        single_tokens: 0,
+        error: None,
+    }
+}
+
+fn fill(tmp: &Path, key: &str, dataset: &Contents<'_>, path: &Path) -> Result<(), String> {
     std::fs::create_dir(tmp).map_err(|err| format!("{}: {err}", tmp.display()))?;
     // Streamed through one block each, hashed as written: a cold start
     // holds no second copy of the tokens.
@@ -394,7 +267,7 @@ fn fill(tmp: &Path, key: &str, dataset: &TokenizedDataset, path: &Path) -> Resul
     let mut offsets = HashedFile::create(&tmp.join(OFFSETS))?;
     offsets.put(&0u64.to_le_bytes())?;
     let mut end = 0u64;
-    for example in &dataset.examples {
+    for example in dataset.examples {
         for id in example.input_ids() {
             ids.put(&id.to_le_bytes())?;
         }
@@ -413,12 +286,14 @@ fn fill(tmp: &Path, key: &str, dataset: &TokenizedDataset, path: &Path) -> Resul
         examples: dataset.examples.len(),
         tokens: end as usize,
         report: dataset.report.clone(),
-        locations: dataset.locations.clone(),
+        locations: dataset.locations.to_vec(),
         checksums: Checksums {
             ids: ids.finish()?,
             labels: labels.finish()?,
             offsets: offsets.finish()?,
         },
+        single_tokens: dataset.single_tokens,
+        error: dataset.error.clone(),
     };
     let manifest = serde_json::to_vec(&manifest).map_err(|err| err.to_string())?;
     // The manifest last: a reader of a whole entry finds it whole.
@@ -557,39 +432,5 @@ impl HashedReader {
             self.take(rest)?;
         }
         Ok(format!("{:016x}", self.hash.0))
-    }
-}
-
-/// FNV-1a, 64 bits, over 8-byte little-endian words (then the tail byte
-/// by byte): a stable hash (the cache outlives the binary), fast enough
-/// for a data file read once per start. Not cryptographic: the key guards
-/// against changes, not against someone crafting a colliding file.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn u64(&mut self, value: u64) {
-        self.0 ^= value;
-        self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-
-    /// Whole words of `bytes` (its length a multiple of 8).
-    fn words(&mut self, bytes: &[u8]) {
-        for word in bytes.chunks_exact(8) {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(word);
-            self.u64(u64::from_le_bytes(w));
-        }
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) {
-        let whole = bytes.len() / 8 * 8;
-        self.words(&bytes[..whole]);
-        for &byte in &bytes[whole..] {
-            self.u64(u64::from(byte));
-        }
     }
 }

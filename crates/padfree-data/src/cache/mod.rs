@@ -1,0 +1,128 @@
+//! The tokenized-data cache: a data set tokenized once is read back on the
+//! next start instead of tokenized again (HF `datasets`' fingerprinted
+//! cache, for padfree's examples).
+//!
+//! A cached data set is a directory named by its key, a hash of everything
+//! that decides its examples: the data's bytes (length and content), the
+//! tokenizer (its `tokenizer.json`, `tokenizer_config.json` and chat
+//! template, as written beside a saved model), the field names and prompt
+//! template, `max_seq_len`, the overlong policy, `train_on_inputs`,
+//! `use_chat_template`, the vocabulary limit, and [`FORMAT`]. Change any of
+//! them and the key changes: the old entry is not read. In it:
+//!
+//! - `ids.u32`, `labels.i32`: every example's input ids and labels, end to
+//!   end, little-endian;
+//! - `offsets.u64`: where each example starts, and the end;
+//! - `dataset.json`: the format, the key, the report, each example's record
+//!   location, the counts and a checksum of each of the three files.
+//!
+//! A reader trusts an entry only when all of that agrees; anything else (a
+//! truncated or edited file, another format) is a miss, said in a note, and
+//! the entry is built anew. A writer fills a temporary directory beside the
+//! entries and renames it into place, so another process (an MPI rank, a
+//! second run) sees a whole entry or none; when two build the same entry
+//! at once, the first rename wins and the other keeps its own result.
+//!
+//! Reading the records (JSON parsing) still happens on every start: the
+//! cache saves the tokenization, which is most of a cold start.
+
+mod entry;
+mod key;
+mod shared;
+
+use std::path::{Path, PathBuf};
+
+pub use self::entry::CacheUse;
+use self::entry::{read_entry, whole, write_entry};
+pub use self::key::{
+    CacheKeyParts, FORMAT, Fingerprint, cache_key, content_fingerprint, file_fingerprint,
+};
+pub use self::shared::Ranks;
+use crate::error::DataError;
+use crate::records::SourceRecord;
+use crate::tokenize::TokenizedDataset;
+
+/// Where the tokenized data sets are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataCache {
+    dir: PathBuf,
+}
+
+impl DataCache {
+    /// A cache in `dir` (made when first written).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// Where the cache lives unless told: `$PADFREE_DATA_CACHE`, else
+    /// `$XDG_CACHE_HOME/padfree/data`, else `$HOME/.cache/padfree/data` (as
+    /// HF keeps `~/.cache/huggingface/datasets`); `None` without a home.
+    pub fn default_dir() -> Option<PathBuf> {
+        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        if let Some(dir) = var("PADFREE_DATA_CACHE") {
+            return Some(PathBuf::from(dir));
+        }
+        if let Some(dir) = var("XDG_CACHE_HOME") {
+            return Some(PathBuf::from(dir).join("padfree").join("data"));
+        }
+        var("HOME").map(|home| {
+            PathBuf::from(home)
+                .join(".cache")
+                .join("padfree")
+                .join("data")
+        })
+    }
+
+    /// The directory of the cache.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The examples of `records` (read from `path`) as [`crate::tokenize_records`]
+    /// makes them: read back from the cache when an entry for `parts` is
+    /// whole, else tokenized and written.
+    pub fn tokenize(
+        &self,
+        path: &Path,
+        records: &[SourceRecord],
+        parts: &CacheKeyParts<'_>,
+    ) -> Result<(TokenizedDataset, CacheUse), DataError> {
+        let key = cache_key(parts)?;
+        let entry = self.dir.join(&key);
+        let mut rebuilt = None;
+        if entry.exists() {
+            match read_entry(&entry, &key) {
+                Ok(read) => return Ok((read.into_dataset(path), CacheUse::Reused(entry))),
+                Err(why) => rebuilt = Some(why),
+            }
+        }
+        let dataset =
+            crate::tokenize::tokenize_records(path, records, parts.tokenizer, parts.config)?;
+        let written = write_entry(&self.dir, &key, &whole(&dataset), path);
+        let used = match (written, rebuilt) {
+            (Err(why), _) => CacheUse::NotWritten(entry, why),
+            (Ok(()), Some(why)) => CacheUse::Rebuilt(entry, why),
+            (Ok(()), None) => CacheUse::Built(entry),
+        };
+        Ok((dataset, used))
+    }
+
+    /// [`Self::tokenize`] as one of several ranks that see this cache
+    /// directory: an entry every rank can read is read; else each rank
+    /// tokenizes its share of the records (contiguous, in file order) into
+    /// a share entry, every rank joins the shares, and rank 0 writes the
+    /// whole entry; each rank removes its share. A bad record is every rank's
+    /// error (the first in file order). Ranks that do not see one
+    /// another's shares (no shared directory) each tokenize everything.
+    pub fn tokenize_on_ranks(
+        &self,
+        path: &Path,
+        records: &[SourceRecord],
+        parts: &CacheKeyParts<'_>,
+        ranks: &dyn Ranks,
+    ) -> Result<(TokenizedDataset, CacheUse), DataError> {
+        shared::tokenize_shared(&self.dir, path, records, parts, ranks, || {
+            self.tokenize(path, records, parts)
+        })
+    }
+}

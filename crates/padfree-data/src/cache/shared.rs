@@ -1,0 +1,145 @@
+//! Ranks sharing a cold start: each tokenizes its share of the records
+//! into a share entry, every rank joins the shares, rank 0 writes the whole
+//! entry.
+
+use std::path::Path;
+
+use super::entry::{CacheUse, Contents, RecordError, read_entry, whole, write_entry};
+use super::key::{CacheKeyParts, cache_key};
+use crate::error::DataError;
+use crate::records::SourceRecord;
+use crate::tokenize::{DataReport, TokenizedDataset};
+
+/// The ranks of a data-parallel job, as the cache needs them to share a
+/// cold start (the trainer's communicator, seen from the data crate).
+pub trait Ranks {
+    /// This process's rank.
+    fn rank(&self) -> usize;
+    /// How many ranks.
+    fn world_size(&self) -> usize;
+    /// Waits for every rank.
+    fn barrier(&self) -> Result<(), String>;
+    /// Whether `mine` holds on every rank.
+    fn all(&self, mine: bool) -> Result<bool, String>;
+}
+
+/// `DataCache::tokenize` (`alone`) as one of several ranks that see this cache
+/// directory: an entry every rank can read is read; else each rank
+/// tokenizes its share of the records (contiguous, in file order) into
+/// a share entry, every rank joins the shares, and rank 0 writes the
+/// whole entry; each rank removes its share. A bad record is every rank's
+/// error (the first in file order). Ranks that do not see one
+/// another's shares (no shared directory) each tokenize everything.
+pub(super) fn tokenize_shared(
+    dir: &Path,
+    path: &Path,
+    records: &[SourceRecord],
+    parts: &CacheKeyParts<'_>,
+    ranks: &dyn Ranks,
+    alone: impl FnOnce() -> Result<(TokenizedDataset, CacheUse), DataError>,
+) -> Result<(TokenizedDataset, CacheUse), DataError> {
+    let collective = |err: String| DataError::File {
+        path: dir.to_owned(),
+        message: format!("the ranks could not share the data cache: {err}"),
+        hint: "check that every rank runs, or pass --no-data-cache".into(),
+    };
+    let (world, rank) = (ranks.world_size(), ranks.rank());
+    let key = cache_key(parts)?;
+    let entry = dir.join(&key);
+    let found = entry
+        .exists()
+        .then(|| read_entry(&entry, &key))
+        .and_then(Result::ok);
+    let all_found = ranks.all(found.is_some()).map_err(collective)?;
+    if all_found && let Some(read) = found {
+        return Ok((read.into_dataset(path), CacheUse::Reused(entry)));
+    }
+    drop(found);
+    // This rank's share: records [n r / W, n (r + 1) / W).
+    let share = |r: usize| records.len() * r / world..records.len() * (r + 1) / world;
+    let share_key = |r: usize| format!("{key}-share-{r}-of-{world}");
+    let part =
+        crate::tokenize::tokenize_part(path, &records[share(rank)], parts.tokenizer, parts.config);
+    let empty = DataReport::default();
+    let contents = match &part {
+        Ok(part) => Contents {
+            examples: &part.examples,
+            locations: &part.locations,
+            report: &part.report,
+            single_tokens: part.single_tokens,
+            error: None,
+        },
+        Err(DataError::Record {
+            location,
+            message,
+            hint,
+            ..
+        }) => Contents {
+            examples: &[],
+            locations: &[],
+            report: &empty,
+            single_tokens: 0,
+            error: Some(RecordError {
+                location: location.clone(),
+                message: message.clone(),
+                hint: hint.clone(),
+            }),
+        },
+        // Not a record's fault (none today): every rank on its own.
+        Err(_) => Contents {
+            examples: &[],
+            locations: &[],
+            report: &empty,
+            single_tokens: 0,
+            error: None,
+        },
+    };
+    let wrote = part.is_ok() || contents.error.is_some();
+    let wrote = wrote && write_entry(dir, &share_key(rank), &contents, path).is_ok();
+    drop(contents);
+    ranks.barrier().map_err(collective)?;
+    let mut shares = Vec::with_capacity(world);
+    for r in 0..world {
+        let read = read_entry(&dir.join(share_key(r)), &share_key(r));
+        match read {
+            Ok(read) => shares.push(read),
+            Err(_) => break,
+        }
+    }
+    let shared = ranks
+        .all(wrote && shares.len() == world)
+        .map_err(collective)?;
+    // Every rank has read the shares before each removes its own (on
+    // nodes with a cache of their own, too).
+    ranks.barrier().map_err(collective)?;
+    let _ = std::fs::remove_dir_all(dir.join(share_key(rank)));
+    if !shared {
+        return alone();
+    }
+    let mut joined = Vec::with_capacity(world);
+    for share in shares {
+        if let Some(error) = share.error {
+            return Err(DataError::Record {
+                path: path.to_owned(),
+                location: error.location,
+                message: error.message,
+                hint: error.hint,
+            });
+        }
+        joined.push(crate::tokenize::TokenizedPart {
+            examples: share.examples,
+            locations: share.locations,
+            report: share.report,
+            single_tokens: share.single_tokens,
+        });
+    }
+    let dataset = crate::tokenize::finish_parts(path, joined, parts.config)?;
+    if rank != 0 {
+        return Ok((dataset, CacheUse::Shared(entry, world)));
+    }
+    let used = match write_entry(dir, &key, &whole(&dataset), path) {
+        Ok(()) => CacheUse::Shared(entry, world),
+        Err(why) => CacheUse::NotWritten(entry, why),
+    };
+    Ok((dataset, used))
+}
