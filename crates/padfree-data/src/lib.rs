@@ -25,7 +25,7 @@ mod tokenize;
 
 pub use cache::{
     CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Ranks, cache_key,
-    content_fingerprint, file_fingerprint,
+    content_fingerprint, file_fingerprint, tokenize_with_progress,
 };
 pub use error::DataError;
 pub use prompt_template::template_fields;
@@ -36,5 +36,5 @@ pub use records::{
 pub use template::{CHATML_TEMPLATE, ChatTemplate};
 pub use tokenize::{
     DataReport, Overlong, TextTokenizer, TokenizeConfig, TokenizedDataset, TokenizedPart,
-    TokenizerDifference, finish_parts, tokenize_part, tokenize_records,
+    TokenizerDifference, finish_parts, tokenize_part, tokenize_part_with, tokenize_records,
 };

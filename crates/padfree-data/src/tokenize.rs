@@ -381,6 +381,21 @@ pub fn tokenize_part(
     tokenizer: Option<&TextTokenizer>,
     config: &TokenizeConfig,
 ) -> Result<TokenizedPart, DataError> {
+    tokenize_part_with(path, records, tokenizer, config, &mut |_| {})
+}
+
+/// Records between two calls of a progress hook.
+pub const PROGRESS_EVERY: usize = 1024;
+
+/// [`tokenize_part`], calling `progress` with the records done every
+/// [`PROGRESS_EVERY`] records and once at the end.
+pub fn tokenize_part_with(
+    path: &Path,
+    records: &[SourceRecord],
+    tokenizer: Option<&TextTokenizer>,
+    config: &TokenizeConfig,
+    progress: &mut dyn FnMut(usize),
+) -> Result<TokenizedPart, DataError> {
     let mut report = DataReport {
         records: records.len(),
         max_seq_len: config.max_seq_len,
@@ -389,7 +404,10 @@ pub fn tokenize_part(
     let mut examples = Vec::with_capacity(records.len());
     let mut locations = Vec::with_capacity(records.len());
     let mut single_tokens = 0;
-    for source in records {
+    for (done, source) in records.iter().enumerate() {
+        if done % PROGRESS_EVERY == 0 && done > 0 {
+            progress(done);
+        }
         let fail = |message: String, hint: &str| DataError::Record {
             path: path.to_owned(),
             location: source.location.clone(),
@@ -463,6 +481,7 @@ pub fn tokenize_part(
         examples.push(example);
         locations.push(source.location.clone());
     }
+    progress(records.len());
     Ok(TokenizedPart {
         examples,
         locations,

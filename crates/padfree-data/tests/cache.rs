@@ -78,7 +78,7 @@ fn run(
         config,
     };
     cache
-        .tokenize(Path::new("d.jsonl"), &records(text), &parts)
+        .tokenize(Path::new("d.jsonl"), &records(text), &parts, &mut |_, _| {})
         .expect("tokenizes")
 }
 
@@ -415,6 +415,7 @@ fn on_ranks(
                         records,
                         parts,
                         &ranks,
+                        &mut |_, _| {},
                     )
                 })
             })
@@ -490,4 +491,51 @@ fn ranks_that_do_not_share_a_directory_each_tokenize_everything() {
         let left = std::fs::read_dir(&node).expect("the node's cache").count();
         assert_eq!(left, 1, "rank {rank}: the entry alone, its share removed");
     }
+}
+
+#[test]
+fn progress_is_told_while_records_are_tokenized_and_not_when_read_back() {
+    let text = std::fs::read_to_string(shipped("train.jsonl")).expect("shipped data");
+    let text: String = text
+        .lines()
+        .cycle()
+        .take(2500)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let (tokenizer, config) = (tokenizer(), config());
+    let fields = FieldNames::default();
+    let parts = CacheKeyParts {
+        content: content_fingerprint(text.as_bytes()),
+        fields: &fields,
+        tokenizer: Some(&tokenizer),
+        config: &config,
+    };
+    let dir = scratch();
+    let cache = DataCache::new(dir.path());
+    let records = records(&text);
+    let mut heard = Vec::new();
+    cache
+        .tokenize(
+            Path::new("d.jsonl"),
+            &records,
+            &parts,
+            &mut |done, total| {
+                heard.push((done, total));
+            },
+        )
+        .expect("tokenizes");
+    assert_eq!(heard, [(1024, 2500), (2048, 2500), (2500, 2500)]);
+    heard.clear();
+    let (_, used) = cache
+        .tokenize(
+            Path::new("d.jsonl"),
+            &records,
+            &parts,
+            &mut |done, total| {
+                heard.push((done, total));
+            },
+        )
+        .expect("reads back");
+    assert!(matches!(used, CacheUse::Reused(_)), "{used:?}");
+    assert!(heard.is_empty(), "{heard:?}");
 }

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use padfree_data::{
     CacheKeyParts, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer, TokenizeConfig,
-    TokenizedDataset, UnusedField, content_fingerprint, file_fingerprint, read_records,
-    read_records_from_str, tokenize_records, unused_text_fields,
+    TokenizedDataset, UnusedField, content_fingerprint, file_fingerprint, finish_parts,
+    read_records, read_records_from_str, tokenize_part_with, unused_text_fields,
 };
 
+use indicatif::{ProgressBar, ProgressStyle};
 use padfree_train::Communicator;
 
 use crate::args::TrainJob;
@@ -32,8 +33,17 @@ pub(super) fn tokenize_data(
     tokenizer: Option<&TextTokenizer>,
     config: &TokenizeConfig,
 ) -> anyhow::Result<TokenizedDataset> {
+    let bar = records_bar(file, records.len());
+    let mut progress = |done: usize, total: usize| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    };
     let Some(cache) = &job.data_cache else {
-        return Ok(tokenize_records(file, records, tokenizer, config)?);
+        let part = tokenize_part_with(file, records, tokenizer, config, &mut |done| {
+            progress(done, records.len());
+        });
+        bar.finish_and_clear();
+        return Ok(finish_parts(file, vec![part?], config)?);
     };
     let content: Fingerprint = match embedded {
         Some(text) => content_fingerprint(text.as_bytes()),
@@ -45,12 +55,40 @@ pub(super) fn tokenize_data(
         tokenizer,
         config,
     };
-    let (dataset, used) = match comm.filter(|comm| comm.world_size() > 1) {
-        Some(comm) => cache.tokenize_on_ranks(file, records, &parts, &CommRanks(comm))?,
-        None => cache.tokenize(file, records, &parts)?,
+    let result = match comm.filter(|comm| comm.world_size() > 1) {
+        Some(comm) => {
+            cache.tokenize_on_ranks(file, records, &parts, &CommRanks(comm), &mut progress)
+        }
+        None => cache.tokenize(file, records, &parts, &mut progress),
     };
+    bar.finish_and_clear();
+    let (dataset, used) = result?;
     say!("data cache: {}: {used}", file.display());
     Ok(dataset)
+}
+
+/// A bar of the records tokenized (of this rank's share under `mpirun`),
+/// with their rate and the time left, on the lead rank's terminal; it
+/// shows once the first records are done and is cleared at the end.
+fn records_bar(file: &Path, records: usize) -> ProgressBar {
+    let bar = if crate::ranks::is_lead() {
+        ProgressBar::new(records as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    let style = ProgressStyle::with_template(
+        "tokenizing {msg} {bar:30.cyan/blue} {pos}/{len} records, {rate} [{elapsed_precise}<{eta_precise}]",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .with_key(
+        "rate",
+        |state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write| {
+            let _ = write!(out, "{:.0}/s", state.per_sec());
+        },
+    );
+    bar.set_style(style.progress_chars("=> "));
+    bar.set_message(file.display().to_string());
+    bar
 }
 
 /// The trainer's communicator as the data cache sees the ranks.

@@ -42,6 +42,25 @@ use crate::error::DataError;
 use crate::records::SourceRecord;
 use crate::tokenize::TokenizedDataset;
 
+/// [`crate::tokenize_records`], telling `progress` (records tokenized,
+/// records) as it goes.
+pub fn tokenize_with_progress(
+    path: &Path,
+    records: &[SourceRecord],
+    parts: &CacheKeyParts<'_>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<TokenizedDataset, DataError> {
+    let total = records.len();
+    let part = crate::tokenize::tokenize_part_with(
+        path,
+        records,
+        parts.tokenizer,
+        parts.config,
+        &mut |done| progress(done, total),
+    )?;
+    crate::tokenize::finish_parts(path, vec![part], parts.config)
+}
+
 /// Where the tokenized data sets are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataCache {
@@ -81,11 +100,13 @@ impl DataCache {
     /// The examples of `records` (read from `path`) as [`crate::tokenize_records`]
     /// makes them: read back from the cache when an entry for `parts` is
     /// whole, else tokenized and written.
+    /// `progress` hears (records tokenized, records) while it tokenizes.
     pub fn tokenize(
         &self,
         path: &Path,
         records: &[SourceRecord],
         parts: &CacheKeyParts<'_>,
+        progress: &mut dyn FnMut(usize, usize),
     ) -> Result<(TokenizedDataset, CacheUse), DataError> {
         let key = cache_key(parts)?;
         let entry = self.dir.join(&key);
@@ -96,8 +117,7 @@ impl DataCache {
                 Err(why) => rebuilt = Some(why),
             }
         }
-        let dataset =
-            crate::tokenize::tokenize_records(path, records, parts.tokenizer, parts.config)?;
+        let dataset = tokenize_with_progress(path, records, parts, progress)?;
         let written = write_entry(&self.dir, &key, &whole(&dataset), path);
         let used = match (written, rebuilt) {
             (Err(why), _) => CacheUse::NotWritten(entry, why),
@@ -114,15 +134,23 @@ impl DataCache {
     /// whole entry; each rank removes its share. A bad record is every rank's
     /// error (the first in file order). Ranks that do not see one
     /// another's shares (no shared directory) each tokenize everything.
+    /// `progress` hears (records tokenized, records of this rank's share).
     pub fn tokenize_on_ranks(
         &self,
         path: &Path,
         records: &[SourceRecord],
         parts: &CacheKeyParts<'_>,
         ranks: &dyn Ranks,
+        progress: &mut dyn FnMut(usize, usize),
     ) -> Result<(TokenizedDataset, CacheUse), DataError> {
-        shared::tokenize_shared(&self.dir, path, records, parts, ranks, || {
-            self.tokenize(path, records, parts)
-        })
+        shared::tokenize_shared(
+            &self.dir,
+            path,
+            records,
+            parts,
+            ranks,
+            progress,
+            |progress| self.tokenize(path, records, parts, progress),
+        )
     }
 }

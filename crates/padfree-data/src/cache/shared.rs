@@ -36,7 +36,8 @@ pub(super) fn tokenize_shared(
     records: &[SourceRecord],
     parts: &CacheKeyParts<'_>,
     ranks: &dyn Ranks,
-    alone: impl FnOnce() -> Result<(TokenizedDataset, CacheUse), DataError>,
+    progress: &mut dyn FnMut(usize, usize),
+    alone: impl FnOnce(&mut dyn FnMut(usize, usize)) -> Result<(TokenizedDataset, CacheUse), DataError>,
 ) -> Result<(TokenizedDataset, CacheUse), DataError> {
     let collective = |err: String| DataError::File {
         path: dir.to_owned(),
@@ -58,8 +59,14 @@ pub(super) fn tokenize_shared(
     // This rank's share: records [n r / W, n (r + 1) / W).
     let share = |r: usize| records.len() * r / world..records.len() * (r + 1) / world;
     let share_key = |r: usize| format!("{key}-share-{r}-of-{world}");
-    let part =
-        crate::tokenize::tokenize_part(path, &records[share(rank)], parts.tokenizer, parts.config);
+    let mine = &records[share(rank)];
+    let part = crate::tokenize::tokenize_part_with(
+        path,
+        mine,
+        parts.tokenizer,
+        parts.config,
+        &mut |done| progress(done, mine.len()),
+    );
     let empty = DataReport::default();
     let contents = match &part {
         Ok(part) => Contents {
@@ -114,7 +121,7 @@ pub(super) fn tokenize_shared(
     ranks.barrier().map_err(collective)?;
     let _ = std::fs::remove_dir_all(dir.join(share_key(rank)));
     if !shared {
-        return alone();
+        return alone(progress);
     }
     let mut joined = Vec::with_capacity(world);
     for share in shares {
