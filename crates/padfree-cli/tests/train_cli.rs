@@ -952,3 +952,49 @@ fn the_second_start_reads_the_tokenized_data_from_the_cache() {
     assert_eq!(off_losses, first_losses);
     assert_eq!(std::fs::read_dir(&cache).expect("the cache").count(), 2);
 }
+
+/// `padfree pack --data` plans a real data set: its records tokenized as
+/// `train` tokenizes them, through the same cache entry (same tokenizer,
+/// vocabulary and `--max-seq-len`), the plan over the real lengths.
+#[test]
+fn pack_plans_a_data_file_through_trains_cache() {
+    let dir_guard = scratch("pack-data");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, first_records(60)).expect("write data");
+    let cache = dir.join("cache");
+    let cache_dir = cache.to_str().expect("utf-8");
+    let pack = padfree(&[
+        "pack",
+        "--data",
+        data.to_str().expect("utf-8"),
+        "--max-seq-len",
+        "512",
+        "--capacity",
+        "1024",
+        "--world-size",
+        "2",
+        "--data-cache-dir",
+        cache_dir,
+    ]);
+    assert!(pack.status.success(), "{}", stderr(&pack));
+    let shown = String::from_utf8_lossy(&pack.stdout).into_owned();
+    assert!(shown.contains(": built "), "{shown}");
+    assert!(
+        shown.contains("Dataset: 60 examples, the examples of"),
+        "{shown}"
+    );
+    assert!(shown.contains("3. Multipack"), "{shown}");
+    // The tiny config's 512 positions cap train's --max-seq-len at 512, and
+    // its vocabulary is the tokenizer's: the same entry.
+    let (trained, _) = two_steps(
+        &config,
+        &data,
+        &dir.join("run"),
+        &["--data-cache-dir", cache_dir],
+    );
+    assert!(trained.contains(": reused "), "{trained}");
+    let refused = padfree(&["pack", "--data", "x.jsonl", "--lengths", "y.txt"]);
+    assert!(!refused.status.success());
+}

@@ -7,13 +7,18 @@ use anyhow::{Context, bail};
 #[derive(Debug, Clone)]
 pub enum LengthSource {
     File(PathBuf),
-    Synthetic { median: usize },
+    /// The examples of a data file.
+    Data(PathBuf),
+    Synthetic {
+        median: usize,
+    },
 }
 
 impl fmt::Display for LengthSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LengthSource::File(path) => write!(f, "lengths from {}", path.display()),
+            LengthSource::Data(path) => write!(f, "the examples of {}", path.display()),
             LengthSource::Synthetic { median } => {
                 write!(f, "synthetic lengths (log-normal, median {median} tokens)")
             }

@@ -5,6 +5,7 @@
 
 mod bench;
 mod check;
+mod data;
 mod lengths;
 mod lora;
 mod pack;
@@ -15,7 +16,7 @@ use clap::{Parser, Subcommand};
 pub use bench::{BenchArgs, BenchJob, BenchMode, Peer};
 pub use check::{CheckArgs, CheckJob};
 pub use lora::LoraArgs;
-pub use pack::{PackArgs, PackJob};
+pub use pack::{PackArgs, PackData, PackJob};
 pub use train::{ModelSource, TrainArgs, TrainJob, is_gguf};
 
 #[derive(Debug, Parser)]
@@ -32,8 +33,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show the padding-free collator and multipack packing on a dataset's
-    /// example lengths (an embedded synthetic dataset unless --lengths is given).
-    Pack(PackArgs),
+    /// example lengths (an embedded synthetic dataset unless --lengths or
+    /// --data is given).
+    Pack(Box<PackArgs>),
     /// Fine-tune a model (padding-free by default). With no arguments: a
     /// short demo run of the `small` preset on the shipped maths dataset.
     // Negative numbers reach validation (`--warmup-ratio -0.5` is refused

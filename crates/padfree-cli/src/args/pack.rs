@@ -5,8 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::ValueEnum;
+use padfree_data::{DataCache, FieldNames, Overlong};
 use padfree_pack::{Balance, BinPacking};
 
+use super::data::DataArgs;
 use super::lengths::{LengthSource, read_lengths_file};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -26,9 +28,21 @@ pub enum BalanceArg {
 #[derive(Debug, clap::Args)]
 pub struct PackArgs {
     /// A text file of example lengths in tokens, one per line ('#' starts a
-    /// comment). Without it, a synthetic dataset is generated.
+    /// comment). Without it (or --data), a synthetic dataset is generated.
     #[arg(long)]
     pub lengths: Option<PathBuf>,
+    /// A data file (JSONL or a JSON array) to plan: its records read and
+    /// tokenized as `padfree train` reads them (the same flags), through the
+    /// same tokenized-data cache.
+    #[arg(long, conflicts_with = "lengths")]
+    pub data: Option<PathBuf>,
+    /// The tokenizer of --data: tokenizer.json (with tokenizer_config.json
+    /// beside it) or a .gguf file (default: the shipped one).
+    #[arg(long, requires = "data")]
+    pub tokenizer: Option<PathBuf>,
+    /// How --data's records are read and tokenized, and where the result is cached.
+    #[command(flatten)]
+    pub records: DataArgs,
     /// Examples in the synthetic dataset.
     #[arg(long, default_value_t = 4000)]
     pub num_examples: usize,
@@ -58,10 +72,27 @@ pub struct PackArgs {
     pub seed: u64,
 }
 
+/// A data file to plan, read as `padfree train` reads it.
+#[derive(Debug, Clone)]
+pub struct PackData {
+    pub path: PathBuf,
+    /// `None`: the shipped tokenizer.
+    pub tokenizer: Option<PathBuf>,
+    pub fields: FieldNames,
+    pub train_on_inputs: bool,
+    pub use_chat_template: bool,
+    pub overlong: Overlong,
+    pub cache: Option<DataCache>,
+}
+
 /// A validated `padfree pack` invocation.
 #[derive(Debug, Clone)]
 pub struct PackJob {
+    /// The examples' lengths; with `data`, measured when the data is
+    /// tokenized (empty until then).
     pub lengths: Vec<usize>,
+    pub data: Option<PackData>,
+    pub max_seq_len: usize,
     pub source: LengthSource,
     pub per_device_train_batch_size: usize,
     pub capacity: usize,
@@ -89,13 +120,24 @@ impl PackArgs {
         if self.world_size == 0 {
             bail!("--world-size is 0\nHINT: use 1 for a single process");
         }
-        let (lengths, source) = match &self.lengths {
-            Some(path) => {
+        self.records.check_template()?;
+        let data = self.data.as_ref().map(|path| PackData {
+            path: path.clone(),
+            tokenizer: self.tokenizer.clone(),
+            fields: self.records.fields(),
+            train_on_inputs: self.records.train_on_inputs,
+            use_chat_template: self.records.use_chat_template,
+            overlong: self.records.overlong(),
+            cache: self.records.cache(),
+        });
+        let (lengths, source) = match (&self.lengths, &data) {
+            (_, Some(data)) => (Vec::new(), LengthSource::Data(data.path.clone())),
+            (Some(path), None) => {
                 let lengths = read_lengths_file(path, self.max_seq_len)
                     .with_context(|| format!("reading --lengths {}", path.display()))?;
                 (lengths, LengthSource::File(path.clone()))
             }
-            None => {
+            (None, None) => {
                 if self.num_examples == 0 || self.median_length == 0 {
                     bail!("--num-examples and --median-length must be positive");
                 }
@@ -115,6 +157,8 @@ impl PackArgs {
         };
         Ok(PackJob {
             lengths,
+            data,
+            max_seq_len: self.max_seq_len,
             source,
             per_device_train_batch_size: self.per_device_train_batch_size,
             capacity: self.capacity,

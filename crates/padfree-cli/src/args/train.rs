@@ -10,6 +10,7 @@ use padfree_model::Precision;
 use padfree_model::device::DeviceChoice;
 
 use super::LoraArgs;
+use super::data::DataArgs;
 use padfree_train::{
     AttentionMode, BalanceBy, Batching, EvalSettings, EvalStrategy, Exchange, Multipack, Packer,
     SaveStrategy, SchedulerKind, TrainConfig, Warmup,
@@ -63,12 +64,6 @@ pub enum BestMetricArg {
     EvalLoss,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OverlongArg {
-    Truncate,
-    Drop,
-}
-
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
     /// A model to fine-tune: a Hugging Face directory (config.json +
@@ -95,46 +90,12 @@ pub struct TrainArgs {
     #[arg(long)]
     pub resume_from_checkpoint: Option<PathBuf>,
 
-    /// The prompt field of prompt/completion records with other names.
-    #[arg(long, group = "prompt_source", requires = "completion_field")]
-    pub prompt_field: Option<String>,
-    /// The prompt built from several fields: `{field}` is a record's field,
-    /// `\n` a newline, `{{` a brace (e.g. '{passage}\n{question}'), with
-    /// --completion-field for the response.
-    #[arg(long, group = "prompt_source", requires = "completion_field")]
-    pub prompt_template: Option<String>,
-    /// The completion field (with --prompt-field or --prompt-template).
-    #[arg(long, requires = "prompt_source")]
-    pub completion_field: Option<String>,
-    /// The field holding chat messages (default: messages).
-    #[arg(long)]
-    pub messages_field: Option<String>,
-    /// Every record is raw text in this field, the loss on every token
-    /// (TRL's dataset_text_field; records of only `text` are read so anyway).
-    #[arg(long, conflicts_with_all = ["prompt_source", "messages_field"])]
-    pub dataset_text_field: Option<String>,
-    /// Put the loss on the prompt too (default: on the response only).
-    #[arg(long)]
-    pub train_on_inputs: bool,
-    /// Render prompt/completion, question/answer and Alpaca records as a chat
-    /// with the tokenizer's chat template (for instruct models).
-    #[arg(long)]
-    pub use_chat_template: bool,
     /// Longest example in tokens; see --overlong for longer ones.
     #[arg(long, default_value_t = 2048)]
     pub max_seq_len: usize,
-    /// What to do with longer examples: keep their first --max-seq-len tokens, or drop them.
-    #[arg(long, value_enum, default_value_t = OverlongArg::Truncate)]
-    pub overlong: OverlongArg,
-    /// Where tokenized data sets are kept, so the next start with the same
-    /// data, tokenizer and settings does not tokenize again (default:
-    /// $PADFREE_DATA_CACHE, else $XDG_CACHE_HOME/padfree/data, else
-    /// ~/.cache/padfree/data).
-    #[arg(long, value_name = "DIR")]
-    pub data_cache_dir: Option<PathBuf>,
-    /// Tokenize the data on every start, and keep nothing of it on disk.
-    #[arg(long, conflicts_with = "data_cache_dir")]
-    pub no_data_cache: bool,
+    /// How records are read and tokenized, and where the result is cached.
+    #[command(flatten)]
+    pub records: DataArgs,
 
     /// Examples per micro-batch.
     #[arg(long, default_value_t = 8, conflicts_with = "max_tokens_per_batch")]
@@ -444,13 +405,7 @@ impl TrainArgs {
         if let Some(path) = &self.model {
             check_model_path(path)?;
         }
-        if let Some(template) = &self.prompt_template
-            && let Err(message) = padfree_data::template_fields(template)
-        {
-            bail!(
-                "--prompt-template {template:?}: {message}\nHINT: e.g. --prompt-template '{{passage}}\\n{{question}}' --completion-field answer"
-            );
-        }
+        self.records.check_template()?;
         let batching = match (self.multipack, self.max_tokens_per_batch) {
             (true, budget) => Batching::Multipack(Multipack {
                 // Without a budget, a bound here; `resolve_capacity` sets it
@@ -601,25 +556,12 @@ impl TrainArgs {
                 .unwrap_or_else(|| padfree_train::clock::run_dir("train")),
             overwrite_output_dir: self.overwrite_output_dir,
             resume_from_checkpoint: self.resume_from_checkpoint,
-            fields: FieldNames {
-                prompt: self.prompt_field,
-                completion: self.completion_field,
-                messages: self.messages_field,
-                text: self.dataset_text_field,
-                prompt_template: self.prompt_template,
-            },
-            train_on_inputs: self.train_on_inputs,
-            use_chat_template: self.use_chat_template,
+            fields: self.records.fields(),
+            train_on_inputs: self.records.train_on_inputs,
+            use_chat_template: self.records.use_chat_template,
             max_seq_len: self.max_seq_len,
-            overlong: match self.overlong {
-                OverlongArg::Truncate => Overlong::Truncate,
-                OverlongArg::Drop => Overlong::Drop,
-            },
-            data_cache: match (self.no_data_cache, self.data_cache_dir) {
-                (true, _) => None,
-                (false, Some(dir)) => Some(DataCache::new(dir)),
-                (false, None) => DataCache::default_dir().map(DataCache::new),
-            },
+            overlong: self.records.overlong(),
+            data_cache: self.records.cache(),
             gradient_checkpointing: self.gradient_checkpointing,
             merge_adapter: self.merge_adapter,
             dequantize_base: self.dequantize_base,

@@ -5,16 +5,13 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use padfree_data::{
-    CacheKeyParts, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer, TokenizeConfig,
-    TokenizedDataset, UnusedField, content_fingerprint, file_fingerprint, finish_parts,
-    read_records, read_records_from_str, tokenize_part_with, unused_text_fields,
-};
-
 use indicatif::{ProgressBar, ProgressStyle};
+use padfree_data::{
+    CacheKeyParts, DataCache, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer,
+    TokenizeConfig, TokenizedDataset, UnusedField, content_fingerprint, file_fingerprint,
+    finish_parts, read_records, read_records_from_str, tokenize_part_with, unused_text_fields,
+};
 use padfree_train::Communicator;
-
-use crate::args::TrainJob;
 
 pub(super) const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
 pub(super) const EMBEDDED_DATA: &str = include_str!("../../../../data/gsm-symbolic/train.jsonl");
@@ -26,7 +23,7 @@ pub(super) const EMBEDDED_EVAL_DATA: &str =
 /// text it names), through the tokenized-data cache unless
 /// `--no-data-cache`; says whether the cache was built or reused, and where.
 pub(super) fn tokenize_data(
-    job: &TrainJob,
+    (cache, fields): (Option<&DataCache>, &FieldNames),
     comm: Option<&dyn Communicator>,
     (file, embedded): (&Path, Option<&str>),
     records: &[SourceRecord],
@@ -38,7 +35,7 @@ pub(super) fn tokenize_data(
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let Some(cache) = &job.data_cache else {
+    let Some(cache) = cache else {
         let part = tokenize_part_with(file, records, tokenizer, config, &mut |done| {
             progress(done, records.len());
         });
@@ -51,7 +48,7 @@ pub(super) fn tokenize_data(
     };
     let parts = CacheKeyParts {
         content,
-        fields: &job.fields,
+        fields,
         tokenizer,
         config,
     };

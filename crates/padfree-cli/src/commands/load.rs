@@ -120,7 +120,7 @@ pub fn load(job: &TrainJob, comm: Option<&dyn Communicator>) -> anyhow::Result<L
     };
     warn_unused_fields(&data_name, &records, &job.fields);
     let dataset = tokenize_data(
-        job,
+        (job.data_cache.as_ref(), &job.fields),
         comm,
         (&data_name, job.data.is_none().then_some(EMBEDDED_DATA)),
         &records,
@@ -139,7 +139,7 @@ pub fn load(job: &TrainJob, comm: Option<&dyn Communicator>) -> anyhow::Result<L
             warn_unused_fields(&name, &records, &job.fields);
             let embedded = eval.data.is_none().then_some(EMBEDDED_EVAL_DATA);
             let eval_dataset = tokenize_data(
-                job,
+                (job.data_cache.as_ref(), &job.fields),
                 comm,
                 (&name, embedded),
                 &records,
@@ -541,7 +541,7 @@ fn load_tokenizer(job: &TrainJob, vocab_size: usize) -> anyhow::Result<Option<Te
     }
 }
 
-fn embedded_tokenizer() -> anyhow::Result<TextTokenizer> {
+pub(super) fn embedded_tokenizer() -> anyhow::Result<TextTokenizer> {
     Ok(TextTokenizer::from_bytes(
         "<built-in>/data/gsm-symbolic/tokenizer.json",
         EMBEDDED_TOKENIZER,
@@ -549,7 +549,7 @@ fn embedded_tokenizer() -> anyhow::Result<TextTokenizer> {
     )?)
 }
 
-fn load_tokenizer_file(path: &Path) -> anyhow::Result<TextTokenizer> {
+pub(super) fn load_tokenizer_file(path: &Path) -> anyhow::Result<TextTokenizer> {
     if path.is_dir() {
         let inside = path.join("tokenizer.json");
         if !inside.is_file() {

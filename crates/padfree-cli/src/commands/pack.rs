@@ -7,7 +7,11 @@ use padfree_pack::{
     Balance, BinPacking, Example, PackingConfig, flatten, pad, plan_epoch, synthetic_examples,
 };
 
-use crate::args::PackJob;
+use padfree_data::TokenizeConfig;
+
+use super::data::{read_data, tokenize_data, warn_unused_fields};
+use super::load::{embedded_tokenizer, load_tokenizer_file};
+use crate::args::{PackData, PackJob};
 
 /// Token ids of the synthetic examples are drawn below a Llama-sized vocabulary.
 const VOCAB_SIZE: u32 = 32_000;
@@ -16,10 +20,47 @@ const PAD_ID: u32 = 0;
 pub fn run(config: &PackJob) -> anyhow::Result<()> {
     println!("padfree pack: the padding-free collator and multipack packing\n");
     show_collator_example()?;
-    let examples = synthetic_examples(&config.lengths, VOCAB_SIZE, config.seed);
+    let examples = match &config.data {
+        Some(data) => data_examples(data, config.max_seq_len)?,
+        None => synthetic_examples(&config.lengths, VOCAB_SIZE, config.seed),
+    };
+    let lengths: Vec<usize> = examples.iter().map(Example::len).collect();
     println!("Dataset: {} examples, {}", examples.len(), config.source);
     compare_padded_and_flattened(&examples, config.per_device_train_batch_size)?;
-    show_packing_plans(config)
+    show_packing_plans(config, &lengths)
+}
+
+/// The examples of `data`, tokenized as `padfree train` tokenizes them
+/// (through the same cache), with what was read said as `train` says it.
+fn data_examples(data: &PackData, max_seq_len: usize) -> anyhow::Result<Vec<Example>> {
+    let tokenizer = match &data.tokenizer {
+        Some(path) => load_tokenizer_file(path)?,
+        None => embedded_tokenizer()?,
+    };
+    println!(
+        "tokenizer: {} ({} tokens)",
+        tokenizer.source_name(),
+        tokenizer.vocab_size()
+    );
+    let (name, records) = read_data("data", Some(&data.path), ("", ""), &data.fields)?;
+    warn_unused_fields(&name, &records, &data.fields);
+    let config = TokenizeConfig {
+        train_on_inputs: data.train_on_inputs,
+        use_chat_template: data.use_chat_template,
+        max_seq_len,
+        overlong: data.overlong,
+        vocab_limit: tokenizer.vocab_size(),
+    };
+    let dataset = tokenize_data(
+        (data.cache.as_ref(), &data.fields),
+        None,
+        (&name, None),
+        &records,
+        Some(&tokenizer),
+        &config,
+    )?;
+    println!("data: {}: {}", name.display(), dataset.report);
+    Ok(dataset.examples)
 }
 
 /// Hugging Face's own test case for `DataCollatorWithFlattening`.
@@ -99,7 +140,7 @@ fn compare_padded_and_flattened(examples: &[Example], batch_size: usize) -> anyh
     Ok(())
 }
 
-fn show_packing_plans(config: &PackJob) -> anyhow::Result<()> {
+fn show_packing_plans(config: &PackJob, lengths: &[usize]) -> anyhow::Result<()> {
     println!(
         "3. Multipack: bins of {} tokens dealt to {} ranks, one bin per rank per step",
         config.capacity, config.world_size
@@ -119,7 +160,7 @@ fn show_packing_plans(config: &PackJob) -> anyhow::Result<()> {
     for &algorithm in &config.algorithms {
         for &balance in &config.balances {
             let plan = plan_epoch(
-                &config.lengths,
+                lengths,
                 &PackingConfig {
                     capacity: config.capacity,
                     algorithm,
