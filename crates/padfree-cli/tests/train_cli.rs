@@ -998,3 +998,32 @@ fn pack_plans_a_data_file_through_trains_cache() {
     let refused = padfree(&["pack", "--data", "x.jsonl", "--lengths", "y.txt"]);
     assert!(!refused.status.success());
 }
+
+/// The same records as JSONL, Parquet, Parquet shards and an HF `datasets`
+/// directory train bit-identically (fixtures from
+/// `scripts/make_columnar_fixtures.py`), each through its own cache entry.
+#[test]
+fn jsonl_parquet_and_hf_datasets_train_the_same() {
+    let dir_guard = scratch("columnar");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
+    let cache = dir.join("cache");
+    let cache_dir = cache.to_str().expect("utf-8");
+    let losses = |form: &str| {
+        let data = repo(&format!("fixtures/data/columnar/{form}"));
+        let (said, losses) = two_steps(
+            &config,
+            &data,
+            &dir.join(form),
+            &["--data-cache-dir", cache_dir],
+        );
+        assert!(said.contains("40 records -> 40 examples"), "{form}: {said}");
+        losses
+    };
+    let jsonl = losses("gsm40.jsonl");
+    assert_eq!(jsonl.len(), 2);
+    for form in ["gsm40.parquet", "gsm40-shards", "gsm40-hf"] {
+        assert_eq!(losses(form), jsonl, "{form}");
+    }
+    assert_eq!(std::fs::read_dir(&cache).expect("cache").count(), 4);
+}

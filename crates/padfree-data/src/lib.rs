@@ -2,7 +2,8 @@
 //!
 //! Turns a fine-tuning file into validated [`padfree_pack::Example`]s.
 //!
-//! 1. [`read_records`]: JSONL or a JSON array; each record is one of
+//! 1. [`read_records`]: JSONL or a JSON array, a Parquet file or shards, an
+//!    HF `datasets` directory (`columnar.rs`); each record is one of
 //!    `{prompt, completion}`, `{question, answer}`, Alpaca
 //!    `{instruction, input?, output}`, chat `{messages: [{role, content}]}`,
 //!    or pre-tokenized `{input_ids, labels?}` (field names overridable).
@@ -17,6 +18,7 @@
 //!    next start reads them back instead of tokenizing (`cache.rs`).
 
 mod cache;
+mod columnar;
 mod error;
 mod prompt_template;
 mod records;
@@ -25,7 +27,7 @@ mod tokenize;
 
 pub use cache::{
     CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Ranks, cache_key,
-    content_fingerprint, file_fingerprint, tokenize_with_progress,
+    content_fingerprint, data_fingerprint, file_fingerprint, tokenize_with_progress,
 };
 pub use error::DataError;
 pub use prompt_template::template_fields;

@@ -159,9 +159,63 @@ impl FieldNames {
 /// A JSONL line longer than [`MAX_RECORD_BYTES`] is refused as soon as it is
 /// seen, so a file without line breaks (`/dev/zero`, a binary file) cannot
 /// grow memory without bound.
+///
+/// A `.parquet` file, a directory of Parquet shards (the HF hub's layout) or
+/// an HF `datasets` directory (`save_to_disk`: Arrow files and
+/// `state.json`) is read row by row, each row as the JSON object of its
+/// columns (`columnar.rs`).
 pub fn read_records(path: &Path, fields: &FieldNames) -> Result<Vec<SourceRecord>, DataError> {
+    if let Some(files) = crate::columnar::columnar_files(path)? {
+        let mut records = JsonRecords::new(path, fields);
+        crate::columnar::read_rows(path, &files, &mut |location, value| {
+            records.push_value(location, value)
+        })?;
+        return records.finish();
+    }
     let bytes = read_bounded(path)?;
     read_records_from_bytes(path, &bytes, fields)
+}
+
+/// Records read one JSON object at a time, in file order.
+pub(crate) struct JsonRecords<'a> {
+    path: &'a Path,
+    fields: &'a FieldNames,
+    records: Vec<SourceRecord>,
+    seen: Vec<String>,
+}
+
+impl<'a> JsonRecords<'a> {
+    pub(crate) fn new(path: &'a Path, fields: &'a FieldNames) -> Self {
+        Self {
+            path,
+            fields,
+            records: Vec::new(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// The record of the JSON object `value` (a columnar row), found at
+    /// `location`.
+    pub(crate) fn push_value(&mut self, location: String, value: Value) -> Result<(), DataError> {
+        let text = value.to_string();
+        let read = record_from_value(value, &text, self.fields)
+            .map_err(|(m, h)| record_error(self.path, &location, m, &h))?;
+        self.records
+            .push(source_record(location, read, &mut self.seen));
+        Ok(())
+    }
+
+    /// Every record, refused when there is none.
+    pub(crate) fn finish(self) -> Result<Vec<SourceRecord>, DataError> {
+        if self.records.is_empty() {
+            return Err(DataError::File {
+                path: self.path.to_owned(),
+                message: "the data holds no records".into(),
+                hint: "give a file with at least one record".into(),
+            });
+        }
+        Ok(self.records)
+    }
 }
 
 /// The longest JSONL record read, in bytes (a JSON array file is not

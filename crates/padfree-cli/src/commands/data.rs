@@ -8,7 +8,7 @@ use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
     CacheKeyParts, DataCache, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer,
-    TokenizeConfig, TokenizedDataset, UnusedField, content_fingerprint, file_fingerprint,
+    TokenizeConfig, TokenizedDataset, UnusedField, content_fingerprint, data_fingerprint,
     finish_parts, read_records, read_records_from_str, tokenize_part_with, unused_text_fields,
 };
 use padfree_train::Communicator;
@@ -44,7 +44,7 @@ pub(super) fn tokenize_data(
     };
     let content: Fingerprint = match embedded {
         Some(text) => content_fingerprint(text.as_bytes()),
-        None => file_fingerprint(file)?,
+        None => data_fingerprint(file)?,
     };
     let parts = CacheKeyParts {
         content,
@@ -124,16 +124,11 @@ pub(super) fn read_data(
 ) -> anyhow::Result<(PathBuf, Vec<SourceRecord>)> {
     Ok(match path {
         Some(path) => {
-            match std::fs::metadata(path) {
-                Ok(meta) if meta.is_dir() => bail!(
-                    "--{flag} {}: a directory, not a data file\nHINT: give a JSONL file (one JSON object per line) or a JSON array",
+            if let Err(err) = std::fs::metadata(path) {
+                bail!(
+                    "--{flag} {}: {err}\nHINT: give an existing, readable JSONL or JSON file, a .parquet file, a directory of .parquet shards or an HF datasets directory",
                     path.display()
-                ),
-                Ok(_) => {}
-                Err(err) => bail!(
-                    "--{flag} {}: {err}\nHINT: give an existing, readable JSONL or JSON file",
-                    path.display()
-                ),
+                );
             }
             (path.to_owned(), read_records(path, fields)?)
         }

@@ -72,6 +72,30 @@ pub fn file_fingerprint(path: &Path) -> Result<Fingerprint, DataError> {
     Ok(Fingerprint { len, hash: hash.0 })
 }
 
+/// The fingerprint of a data path: a file's bytes, or for a directory of
+/// columnar files (Parquet shards, an HF `datasets` directory) each file's
+/// name and bytes in the order they are read.
+pub fn data_fingerprint(path: &Path) -> Result<Fingerprint, DataError> {
+    if !path.is_dir() {
+        return file_fingerprint(path);
+    }
+    let files = crate::columnar::columnar_files(path)?.ok_or_else(|| DataError::File {
+        path: path.to_owned(),
+        message: "a directory without data files".into(),
+        hint: "give a data file, a directory of .parquet shards or an HF datasets directory".into(),
+    })?;
+    let (mut hash, mut len) = (Fnv::new(), 0u64);
+    for file in files.paths() {
+        let name = file.strip_prefix(path).unwrap_or(file);
+        hash.bytes(name.to_string_lossy().as_bytes());
+        let each = file_fingerprint(file)?;
+        hash.u64(each.len);
+        hash.u64(each.hash);
+        len += each.len;
+    }
+    Ok(Fingerprint { len, hash: hash.0 })
+}
+
 /// The key of a data set: hex of a hash of [`FORMAT`] and every part.
 pub fn cache_key(parts: &CacheKeyParts<'_>) -> Result<String, DataError> {
     let mut hash = Fnv::new();

@@ -35,7 +35,8 @@ use std::path::{Path, PathBuf};
 pub use self::entry::CacheUse;
 use self::entry::{read_entry, whole, write_entry};
 pub use self::key::{
-    CacheKeyParts, FORMAT, Fingerprint, cache_key, content_fingerprint, file_fingerprint,
+    CacheKeyParts, FORMAT, Fingerprint, cache_key, content_fingerprint, data_fingerprint,
+    file_fingerprint,
 };
 pub use self::shared::Ranks;
 use crate::error::DataError;
