@@ -8,7 +8,8 @@ Parquet shards in the HF hub's layout, and as an HF `datasets` directory
     pip install pyarrow==26.0.1
     python3 scripts/make_columnar_fixtures.py
 
-Writes fixtures/data/columnar/. `shapes`: every record shape padfree reads
+Writes fixtures/data/columnar/ (also each set as one Arrow file in the IPC
+file format). `shapes`: every record shape padfree reads
 (a column is null where a record's shape does not use it); `gsm40`: the
 first 40 records of the shipped maths set.
 """
@@ -71,6 +72,9 @@ def write_all(name, rows, schema):
         # Two record batches, as datasets writes in batches.
         for batch in table.to_batches(max_chunksize=max(1, len(rows) // 2 + 1)):
             writer.write_batch(batch)
+    # A lone Arrow file in the IPC file format (not the stream datasets writes).
+    with ipc.new_file(os.path.join(OUT, f"{name}.arrow"), schema) as writer:
+        writer.write_table(table, max_chunksize=4)
     with open(os.path.join(hf, "state.json"), "w") as f:
         json.dump({"_data_files": [{"filename": "data-00000-of-00001.arrow"}],
                    "_fingerprint": "padfree-fixture", "_format_type": None,

@@ -208,17 +208,20 @@ type Batches = Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>>>;
 
 /// The record batches of an Arrow IPC file, in the stream format (what
 /// `datasets` writes) or the file format.
-fn arrow_batches(file: File, path: &Path) -> Result<Batches, DataError> {
+fn arrow_batches(mut file: File, path: &Path) -> Result<Batches, DataError> {
+    use std::io::{Read, Seek};
     let mut magic = [0u8; 6];
-    {
-        use std::io::Read;
-        let mut probe = File::open(path).map_err(|err| DataError::Io {
-            path: path.to_owned(),
-            err,
-            hint: HINT,
-        })?;
-        let _ = probe.read(&mut magic);
-    }
+    // A file shorter than the magic is not the file format; the stream
+    // reader then says what is wrong.
+    let probed = file
+        .read_exact(&mut magic)
+        .and_then(|()| file.rewind())
+        .or_else(|_| file.rewind());
+    probed.map_err(|err| DataError::Io {
+        path: path.to_owned(),
+        err,
+        hint: HINT,
+    })?;
     let fail = |err: String| DataError::File {
         path: path.to_owned(),
         message: format!("not a readable Arrow IPC file: {err}"),

@@ -27,7 +27,7 @@ mod tokenize;
 
 pub use cache::{
     CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Ranks, cache_key,
-    content_fingerprint, data_fingerprint, file_fingerprint, tokenize_with_progress,
+    content_fingerprint, data_fingerprint, file_fingerprint,
 };
 pub use error::DataError;
 pub use prompt_template::template_fields;
@@ -38,5 +38,6 @@ pub use records::{
 pub use template::{CHATML_TEMPLATE, ChatTemplate};
 pub use tokenize::{
     DataReport, Overlong, TextTokenizer, TokenizeConfig, TokenizedDataset, TokenizedPart,
-    TokenizerDifference, finish_parts, tokenize_part, tokenize_part_with, tokenize_records,
+    TokenizerDifference, finish_parts, tokenize_part_with, tokenize_records,
+    tokenize_with_progress,
 };

@@ -354,12 +354,28 @@ pub fn tokenize_records(
     tokenizer: Option<&TextTokenizer>,
     config: &TokenizeConfig,
 ) -> Result<TokenizedDataset, DataError> {
-    let part = tokenize_part(path, records, tokenizer, config)?;
+    tokenize_with_progress(path, records, tokenizer, config, &mut |_, _| {})
+}
+
+/// [`tokenize_records`], telling `progress` (records tokenized, records)
+/// as it goes.
+pub fn tokenize_with_progress(
+    path: &Path,
+    records: &[SourceRecord],
+    tokenizer: Option<&TextTokenizer>,
+    config: &TokenizeConfig,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<TokenizedDataset, DataError> {
+    let total = records.len();
+    let part = tokenize_part_with(path, records, tokenizer, config, &mut |done| {
+        progress(done, total)
+    })?;
     finish_parts(path, vec![part], config)
 }
 
 /// The examples of some of a file's records (a rank's share), before the
-/// whole set is known: [`finish_parts`] joins the parts in file order.
+/// whole set is known ([`tokenize_part_with`]): [`finish_parts`] joins the
+/// parts in file order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenizedPart {
     /// One per kept record, in file order.
@@ -373,22 +389,13 @@ pub struct TokenizedPart {
     pub single_tokens: usize,
 }
 
-/// Tokenizes `records`, a part of the file at `path` (all of it, or a
-/// rank's share); the first bad record in file order is the error.
-pub fn tokenize_part(
-    path: &Path,
-    records: &[SourceRecord],
-    tokenizer: Option<&TextTokenizer>,
-    config: &TokenizeConfig,
-) -> Result<TokenizedPart, DataError> {
-    tokenize_part_with(path, records, tokenizer, config, &mut |_| {})
-}
-
 /// Records between two calls of a progress hook.
 pub const PROGRESS_EVERY: usize = 1024;
 
-/// [`tokenize_part`], calling `progress` with the records done every
-/// [`PROGRESS_EVERY`] records and once at the end.
+/// Tokenizes `records`, a part of the file at `path` (all of it, or a
+/// rank's share); the first bad record in file order is the error.
+/// `progress` hears the records done every [`PROGRESS_EVERY`] records and
+/// once at the end.
 pub fn tokenize_part_with(
     path: &Path,
     records: &[SourceRecord],
@@ -510,12 +517,8 @@ pub fn finish_parts(
         report.tokens += part.report.tokens;
         report.label_tokens += part.report.label_tokens;
         single_tokens += part.single_tokens;
-        if examples.is_empty() {
-            (examples, locations) = (part.examples, part.locations);
-        } else {
-            examples.extend(part.examples);
-            locations.extend(part.locations);
-        }
+        examples.extend(part.examples);
+        locations.extend(part.locations);
     }
     if examples.is_empty() {
         return Err(DataError::File {

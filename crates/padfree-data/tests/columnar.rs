@@ -33,6 +33,7 @@ fn every_format_holds_the_records_of_the_jsonl() {
             format!("{set}.parquet"),
             format!("{set}-shards"),
             format!("{set}-hf"),
+            format!("{set}.arrow"),
         ] {
             assert_eq!(records(&form), jsonl, "{form}");
         }
@@ -112,6 +113,8 @@ fn locations_name_the_file_the_row_group_or_batch_and_the_row() {
         at("shapes-hf", 7),
         "data-00000-of-00001.arrow, record batch 1, row 1"
     );
+    // The IPC file format, batches of 4: row 5 is batch 1's second.
+    assert_eq!(at("shapes.arrow", 5), "record batch 1, row 1");
 }
 
 #[test]

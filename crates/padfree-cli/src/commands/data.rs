@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
     CacheKeyParts, DataCache, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer,
     TokenizeConfig, TokenizedDataset, UnusedField, content_fingerprint, data_fingerprint,
-    finish_parts, read_records, read_records_from_str, tokenize_part_with, unused_text_fields,
+    read_records, read_records_from_str, tokenize_with_progress, unused_text_fields,
 };
 use padfree_train::Communicator;
 
@@ -36,11 +36,9 @@ pub(super) fn tokenize_data(
         bar.set_position(done as u64);
     };
     let Some(cache) = cache else {
-        let part = tokenize_part_with(file, records, tokenizer, config, &mut |done| {
-            progress(done, records.len());
-        });
+        let dataset = tokenize_with_progress(file, records, tokenizer, config, &mut progress);
         bar.finish_and_clear();
-        return Ok(finish_parts(file, vec![part?], config)?);
+        return Ok(dataset?);
     };
     let content: Fingerprint = match embedded {
         Some(text) => content_fingerprint(text.as_bytes()),

@@ -8,7 +8,7 @@ use padfree_pack::Example;
 use serde::{Deserialize, Serialize};
 
 use super::key::{FORMAT, Fnv};
-use crate::tokenize::{DataReport, TokenizedDataset};
+use crate::tokenize::{DataReport, TokenizedDataset, TokenizedPart};
 
 /// What the cache did for one data set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +78,7 @@ pub(super) struct RecordError {
 pub(super) struct Contents<'a> {
     pub(super) examples: &'a [Example],
     pub(super) locations: &'a [String],
-    pub(super) report: &'a DataReport,
+    pub(super) report: DataReport,
     pub(super) single_tokens: usize,
     pub(super) error: Option<RecordError>,
 }
@@ -252,9 +252,29 @@ pub(super) fn whole(dataset: &TokenizedDataset) -> Contents<'_> {
     Contents {
         examples: &dataset.examples,
         locations: &dataset.locations,
-        report: &dataset.report,
+        report: dataset.report.clone(),
         single_tokens: 0,
         error: None,
+    }
+}
+
+/// The contents of a rank's share: its examples, or its first bad record.
+pub(super) fn share(part: &Result<TokenizedPart, RecordError>) -> Contents<'_> {
+    match part {
+        Ok(part) => Contents {
+            examples: &part.examples,
+            locations: &part.locations,
+            report: part.report.clone(),
+            single_tokens: part.single_tokens,
+            error: None,
+        },
+        Err(error) => Contents {
+            examples: &[],
+            locations: &[],
+            report: DataReport::default(),
+            single_tokens: 0,
+            error: Some(error.clone()),
+        },
     }
 }
 

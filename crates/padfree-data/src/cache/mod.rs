@@ -43,25 +43,6 @@ use crate::error::DataError;
 use crate::records::SourceRecord;
 use crate::tokenize::TokenizedDataset;
 
-/// [`crate::tokenize_records`], telling `progress` (records tokenized,
-/// records) as it goes.
-pub fn tokenize_with_progress(
-    path: &Path,
-    records: &[SourceRecord],
-    parts: &CacheKeyParts<'_>,
-    progress: &mut dyn FnMut(usize, usize),
-) -> Result<TokenizedDataset, DataError> {
-    let total = records.len();
-    let part = crate::tokenize::tokenize_part_with(
-        path,
-        records,
-        parts.tokenizer,
-        parts.config,
-        &mut |done| progress(done, total),
-    )?;
-    crate::tokenize::finish_parts(path, vec![part], parts.config)
-}
-
 /// Where the tokenized data sets are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataCache {
@@ -118,7 +99,13 @@ impl DataCache {
                 Err(why) => rebuilt = Some(why),
             }
         }
-        let dataset = tokenize_with_progress(path, records, parts, progress)?;
+        let dataset = crate::tokenize::tokenize_with_progress(
+            path,
+            records,
+            parts.tokenizer,
+            parts.config,
+            progress,
+        )?;
         let written = write_entry(&self.dir, &key, &whole(&dataset), path);
         let used = match (written, rebuilt) {
             (Err(why), _) => CacheUse::NotWritten(entry, why),

@@ -4,11 +4,11 @@
 
 use std::path::Path;
 
-use super::entry::{CacheUse, Contents, RecordError, read_entry, whole, write_entry};
+use super::entry::{CacheUse, RecordError, read_entry, share, whole, write_entry};
 use super::key::{CacheKeyParts, cache_key};
 use crate::error::DataError;
 use crate::records::SourceRecord;
-use crate::tokenize::{DataReport, TokenizedDataset};
+use crate::tokenize::TokenizedDataset;
 
 /// The ranks of a data-parallel job, as the cache needs them to share a
 /// cold start (the trainer's communicator, seen from the data crate).
@@ -57,9 +57,9 @@ pub(super) fn tokenize_shared(
     }
     drop(found);
     // This rank's share: records [n r / W, n (r + 1) / W).
-    let share = |r: usize| records.len() * r / world..records.len() * (r + 1) / world;
+    let range = |r: usize| records.len() * r / world..records.len() * (r + 1) / world;
     let share_key = |r: usize| format!("{key}-share-{r}-of-{world}");
-    let mine = &records[share(rank)];
+    let mine = &records[range(rank)];
     let part = crate::tokenize::tokenize_part_with(
         path,
         mine,
@@ -67,43 +67,27 @@ pub(super) fn tokenize_shared(
         parts.config,
         &mut |done| progress(done, mine.len()),
     );
-    let empty = DataReport::default();
-    let contents = match &part {
-        Ok(part) => Contents {
-            examples: &part.examples,
-            locations: &part.locations,
-            report: &part.report,
-            single_tokens: part.single_tokens,
-            error: None,
-        },
+    // A bad record goes to the other ranks in the share; any other error
+    // (none today) leaves every rank on its own.
+    let part = match part {
+        Ok(part) => Some(Ok(part)),
         Err(DataError::Record {
             location,
             message,
             hint,
             ..
-        }) => Contents {
-            examples: &[],
-            locations: &[],
-            report: &empty,
-            single_tokens: 0,
-            error: Some(RecordError {
-                location: location.clone(),
-                message: message.clone(),
-                hint: hint.clone(),
-            }),
-        },
-        // Not a record's fault (none today): every rank on its own.
-        Err(_) => Contents {
-            examples: &[],
-            locations: &[],
-            report: &empty,
-            single_tokens: 0,
-            error: None,
-        },
+        }) => Some(Err(RecordError {
+            location,
+            message,
+            hint,
+        })),
+        Err(_) => None,
     };
-    let wrote = part.is_ok() || contents.error.is_some();
-    let wrote = wrote && write_entry(dir, &share_key(rank), &contents, path).is_ok();
-    drop(contents);
+    let wrote = part
+        .as_ref()
+        .is_some_and(|part| write_entry(dir, &share_key(rank), &share(part), path).is_ok());
+    // Read back with the others below: not held twice meanwhile.
+    drop(part);
     ranks.barrier().map_err(collective)?;
     let mut shares = Vec::with_capacity(world);
     for r in 0..world {
@@ -124,8 +108,8 @@ pub(super) fn tokenize_shared(
         return alone(progress);
     }
     let mut joined = Vec::with_capacity(world);
-    for share in shares {
-        if let Some(error) = share.error {
+    for read in shares {
+        if let Some(error) = read.error {
             return Err(DataError::Record {
                 path: path.to_owned(),
                 location: error.location,
@@ -134,10 +118,10 @@ pub(super) fn tokenize_shared(
             });
         }
         joined.push(crate::tokenize::TokenizedPart {
-            examples: share.examples,
-            locations: share.locations,
-            report: share.report,
-            single_tokens: share.single_tokens,
+            examples: read.examples,
+            locations: read.locations,
+            report: read.report,
+            single_tokens: read.single_tokens,
         });
     }
     let dataset = crate::tokenize::finish_parts(path, joined, parts.config)?;
