@@ -74,6 +74,11 @@ fn reexec(tunables: String) {
     let _failed = command.exec();
 }
 
+/// Whether this process runs with the tunables (re-executed by [`tune`]).
+pub fn is_tuned() -> bool {
+    std::env::var(MARKER).as_deref() == Ok("tuned")
+}
+
 /// Gives a child that is not padfree the environment the user started
 /// padfree with: without the malloc tunables padfree set for itself. A
 /// benchmark peer must run as its users run it, not with padfree's tuning.

@@ -32,6 +32,7 @@ fn main() -> std::process::ExitCode {
         args::Command::Train(train_args) => train_args
             .validate()
             .and_then(|job| commands::train::run(&job)),
+        args::Command::TokenizeHelper => return commands::run_tokenize_helper(),
     };
     if result.is_ok() {
         ranks::finish();

@@ -1027,3 +1027,120 @@ fn jsonl_parquet_and_hf_datasets_train_the_same() {
     }
     assert_eq!(std::fs::read_dir(&cache).expect("cache").count(), 4);
 }
+
+/// A cold start is tokenized by a helper process on every core, started
+/// without padfree's malloc tuning (`commands/data/helper.rs`): the same
+/// examples (losses, data report) as tokenizing in this process, with the
+/// cache or without it (then through a temporary hand-over that is
+/// removed); the unused-field warning is said on the warm start too (kept
+/// in the cache entry, since the records are no more read); a bad record
+/// found while tokenizing is the run's error, naming its line.
+#[test]
+fn a_cold_start_is_tokenized_by_a_helper_on_every_core() {
+    let dir_guard = scratch("cold-start");
+    let dir = dir_guard.path();
+    let config = tiny_config_with_shipped_vocab(dir);
+    let data = dir.join("data.jsonl");
+    let mut text = first_records(40);
+    text.push_str("{\"question\": \"1 + 1?\", \"answer\": \"2\", \"note\": \"an easy one\"}\n");
+    std::fs::write(&data, text).expect("write data");
+    let handovers = dir.join("tmp");
+    std::fs::create_dir(&handovers).expect("tmp");
+    let run = |name: &str, env: &[(&str, &str)], extra: &[&str]| {
+        let out = dir.join(name);
+        let mut args = vec![
+            "train",
+            "--config",
+            &config,
+            "--data",
+            data.to_str().expect("utf-8"),
+            "--max-steps",
+            "2",
+            "--per-device-train-batch-size",
+            "4",
+            "--logging-steps",
+            "1",
+            "--save-strategy",
+            "no",
+            "--output-dir",
+            out.to_str().expect("utf-8"),
+        ];
+        args.extend(extra);
+        let output = Command::new(env!("CARGO_BIN_EXE_padfree"))
+            .args(&args)
+            .envs(env.iter().copied())
+            .env("TMPDIR", &handovers)
+            .output()
+            .expect("runs padfree");
+        assert!(output.status.success(), "{name}: {}", stderr(&output));
+        let losses = std::fs::read_to_string(out.join("metrics.jsonl")).expect("metrics");
+        let said = String::from_utf8_lossy(&output.stdout).into_owned();
+        let data_line = said
+            .lines()
+            .find(|l| l.starts_with("data: "))
+            .map(str::to_owned)
+            .expect("a data line");
+        let losses: Vec<String> = losses
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).expect("json")["loss"].to_string()
+            })
+            .collect();
+        (said, stderr(&output), data_line, losses)
+    };
+    let cache = dir.join("cache");
+    let cache = cache.to_str().expect("utf-8");
+    let (said, warned, data_line, losses) = run("cold", &[], &["--data-cache-dir", cache]);
+    assert!(said.contains("tokenized by a helper process on "), "{said}");
+    assert!(warned.contains("field `note`"), "{warned}");
+    assert!(
+        data_line.contains("41 records -> 41 examples"),
+        "{data_line}"
+    );
+    let (said, warned, warm_line, warm) = run("warm", &[], &["--data-cache-dir", cache]);
+    assert!(said.contains(": reused "), "{said}");
+    assert!(
+        warned.contains("field `note`"),
+        "the warm start warns too: {warned}"
+    );
+    assert_eq!((&warm_line, &warm), (&data_line, &losses));
+    let (said, warned, here_line, here) = run(
+        "here",
+        &[("PADFREE_MALLOC", "system")],
+        &["--no-data-cache"],
+    );
+    assert!(!said.contains("helper process"), "{said}");
+    assert!(warned.contains("field `note`"), "{warned}");
+    assert_eq!((&here_line, &here), (&data_line, &losses));
+    let (_, _, handed_line, handed) = run("handed-over", &[], &["--no-data-cache"]);
+    assert_eq!((&handed_line, &handed), (&data_line, &losses));
+    let left: Vec<_> = std::fs::read_dir(&handovers).expect("tmp").collect();
+    assert!(left.is_empty(), "the hand-over is removed: {left:?}");
+
+    let bad = dir.join("bad.jsonl");
+    let mut text = first_records(3);
+    text.push_str("{\"input_ids\": [1, 99999]}\n");
+    std::fs::write(&bad, text).expect("write data");
+    let output = padfree(&[
+        "train",
+        "--config",
+        &config,
+        "--data",
+        bad.to_str().expect("utf-8"),
+        "--max-steps",
+        "1",
+        "--output-dir",
+        dir.join("bad").to_str().expect("utf-8"),
+        "--data-cache-dir",
+        cache,
+    ]);
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains("line 4")
+            && err.contains("outside the model's vocabulary")
+            && err.contains("HINT"),
+        "{err}"
+    );
+    assert!(!dir.join("bad").join("model.safetensors").exists());
+}

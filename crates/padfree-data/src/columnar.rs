@@ -133,7 +133,8 @@ fn shards(dir: &Path, found: &mut Vec<PathBuf>) -> std::io::Result<()> {
 }
 
 /// Where each row goes: its location and its JSON object.
-pub(crate) type RowSink<'a> = dyn FnMut(String, Value) -> Result<(), DataError> + 'a;
+/// Takes a row's location and JSON object; `false` stops the reading.
+pub(crate) type RowSink<'a> = dyn FnMut(String, Value) -> Result<bool, DataError> + 'a;
 
 /// Reads every row of `files` (of the data path `path`) into `records`.
 pub(crate) fn read_rows(
@@ -182,10 +183,13 @@ pub(crate) fn read_rows(
                             "padfree reads Snappy-compressed or uncompressed Parquet; re-save others with pyarrow's default (Snappy)",
                         )
                     })?;
-                    rows(path, &batch, records, |i| {
+                    let more = rows(path, &batch, records, |i| {
                         let (group, in_group) = group_of(&groups, row + i);
                         format!("{prefix}row group {group}, row {in_group}")
                     })?;
+                    if !more {
+                        return Ok(());
+                    }
                     row += batch.num_rows();
                 }
             }
@@ -194,9 +198,12 @@ pub(crate) fn read_rows(
                     let batch = batch.map_err(|err| {
                         fail(format!("a record batch could not be read: {err}"), HINT)
                     })?;
-                    rows(path, &batch, records, |i| {
+                    let more = rows(path, &batch, records, |i| {
                         format!("{prefix}record batch {index}, row {i}")
                     })?;
+                    if !more {
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -248,13 +255,14 @@ fn group_of(groups: &[usize], mut row: usize) -> (usize, usize) {
     (groups.len(), row)
 }
 
-/// The rows of `batch` as JSON objects into `records`; `location(i)` names row `i`.
+/// The rows of `batch` as JSON objects into `records`; `location(i)` names
+/// row `i`. `false` when `records` stopped the reading.
 fn rows(
     path: &Path,
     batch: &RecordBatch,
     records: &mut RowSink<'_>,
     location: impl Fn(usize) -> String,
-) -> Result<(), DataError> {
+) -> Result<bool, DataError> {
     let schema = batch.schema();
     for row in 0..batch.num_rows() {
         let mut object = serde_json::Map::new();
@@ -271,9 +279,11 @@ fn rows(
                 object.insert(field.name().clone(), value);
             }
         }
-        records(location(row), Value::Object(object))?;
+        if !records(location(row), Value::Object(object))? {
+            return Ok(false);
+        }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Row `row` of `array` as JSON: strings, integers, floats, booleans, and

@@ -26,18 +26,18 @@ mod template;
 mod tokenize;
 
 pub use cache::{
-    CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Ranks, cache_key,
-    content_fingerprint, data_fingerprint, file_fingerprint,
+    CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Lookup, Ranks,
+    cache_key, content_fingerprint, data_fingerprint, file_fingerprint,
 };
 pub use error::DataError;
 pub use prompt_template::template_fields;
 pub use records::{
-    FieldNames, Message, Record, SourceRecord, UnusedField, read_records, read_records_from_str,
-    unused_text_fields,
+    FieldNames, Message, Record, SourceRecord, UnusedField, holds_text_records, read_records,
+    read_records_from_str, unused_text_fields,
 };
 pub use template::{CHATML_TEMPLATE, ChatTemplate};
 pub use tokenize::{
-    DataReport, Overlong, TextTokenizer, TokenizeConfig, TokenizedDataset, TokenizedPart,
-    TokenizerDifference, finish_parts, tokenize_part_with, tokenize_records,
-    tokenize_with_progress,
+    DataReport, Overlong, PROGRESS_EVERY, TextTokenizer, TokenizeConfig, TokenizedDataset,
+    TokenizedPart, TokenizerDifference, finish_parts, tokenize_in_parallel, tokenize_part_with,
+    tokenize_records, tokenize_with_progress,
 };

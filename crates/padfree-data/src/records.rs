@@ -84,7 +84,7 @@ pub struct SourceRecord {
 }
 
 /// A field that records hold text in but that is not trained on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UnusedField {
     /// Its name.
     pub name: String,
@@ -127,7 +127,7 @@ pub fn unused_text_fields(records: &[SourceRecord]) -> Vec<UnusedField> {
 }
 
 /// Field names that override the automatic recognition of record shapes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FieldNames {
     /// When set (with `completion`), every record is prompt/completion with these names.
     pub prompt: Option<String>,
@@ -168,12 +168,61 @@ pub fn read_records(path: &Path, fields: &FieldNames) -> Result<Vec<SourceRecord
     if let Some(files) = crate::columnar::columnar_files(path)? {
         let mut records = JsonRecords::new(path, fields);
         crate::columnar::read_rows(path, &files, &mut |location, value| {
-            records.push_value(location, value)
+            records.push_value(location, value).map(|()| true)
         })?;
         return records.finish();
     }
     let bytes = read_bounded(path)?;
     read_records_from_bytes(path, &bytes, fields)
+}
+
+/// Whether any record of `path` is text (not pre-tokenized), which then
+/// needs a tokenizer: the first record decides, and only when it is
+/// pre-tokenized are all records read, so a text data set is not read
+/// whole to find out.
+pub fn holds_text_records(path: &Path, fields: &FieldNames) -> Result<bool, DataError> {
+    let is_text = |record: &SourceRecord| !matches!(record.record, Record::Tokenized { .. });
+    let first = if let Some(files) = crate::columnar::columnar_files(path)? {
+        let mut records = JsonRecords::new(path, fields);
+        crate::columnar::read_rows(path, &files, &mut |location, value| {
+            records.push_value(location, value).map(|()| false)
+        })?;
+        records.records.into_iter().next()
+    } else {
+        first_jsonl_record(path, fields)?
+    };
+    match first {
+        Some(record) if is_text(&record) => Ok(true),
+        _ => Ok(read_records(path, fields)?.iter().any(is_text)),
+    }
+}
+
+/// The first record of a JSONL file, read a line at a time; `None` for a
+/// JSON array (read whole), a bad record or a file without one.
+fn first_jsonl_record(path: &Path, fields: &FieldNames) -> Result<Option<SourceRecord>, DataError> {
+    use std::io::{BufRead, Read};
+    let io = |err| DataError::Io {
+        path: path.to_owned(),
+        err,
+        hint: "give an existing, readable JSONL or JSON file",
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut lines = std::io::BufReader::new(file).take(MAX_RECORD_BYTES as u64);
+    let mut line = Vec::new();
+    while lines.read_until(b'\n', &mut line).map_err(io)? > 0 {
+        let text = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&line);
+        match first_byte(text) {
+            None => line.clear(),
+            Some(b'[') => return Ok(None),
+            // A bad first record is left to `read_records`, whose error
+            // names its line.
+            Some(_) => {
+                let records = read_records_from_bytes(path, text, fields).ok();
+                return Ok(records.and_then(|records| records.into_iter().next()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Records read one JSON object at a time, in file order.

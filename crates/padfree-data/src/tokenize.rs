@@ -6,7 +6,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::error::DataError;
-use crate::records::{Message, Record, SourceRecord};
+use crate::records::{Message, Record, SourceRecord, UnusedField, unused_text_fields};
 use crate::template::{CHATML_TEMPLATE, ChatTemplate};
 
 /// Tokens that end a document in common tokenizers, tried in order when the
@@ -242,7 +242,7 @@ fn chat_template(config: &Value) -> Option<String> {
 }
 
 /// What to do with an example longer than `max_seq_len`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Overlong {
     /// Keep its first `max_seq_len` tokens (TRL's SFT default).
     Truncate,
@@ -251,7 +251,7 @@ pub enum Overlong {
 }
 
 /// How records become examples.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenizeConfig {
     /// Put the loss on the prompt too, not only on the response.
     pub train_on_inputs: bool,
@@ -277,6 +277,10 @@ pub struct TokenizedDataset {
     pub locations: Vec<String>,
     /// Counts for the user.
     pub report: DataReport,
+    /// Fields the records hold text in but their shape does not train on
+    /// ([`crate::unused_text_fields`]; kept in the cache, so a start that
+    /// reads the records no more still warns).
+    pub unused_fields: Vec<UnusedField>,
 }
 
 /// What tokenization kept, cut and dropped.
@@ -370,7 +374,57 @@ pub fn tokenize_with_progress(
     let part = tokenize_part_with(path, records, tokenizer, config, &mut |done| {
         progress(done, total)
     })?;
-    finish_parts(path, vec![part], config)
+    let mut dataset = finish_parts(path, vec![part], config)?;
+    dataset.unused_fields = unused_text_fields(records);
+    Ok(dataset)
+}
+
+/// [`tokenize_with_progress`] on `threads` threads: the records in chunks of
+/// [`PROGRESS_EVERY`], a wave of `threads` chunks at a time on rayon's
+/// pool, `progress` told after each wave. The examples, their order and the
+/// error (the first bad record in file order) are those of one thread.
+///
+/// Run it in a process whose allocator gives each thread its own arena:
+/// the tokenizer allocates for every word, and threads sharing one malloc
+/// arena wait on its lock (`glibc.malloc.arena_max=1` made 2 threads slower
+/// than one, docs/benchmarks/2026-12-04-data-start.md).
+pub fn tokenize_in_parallel(
+    path: &Path,
+    records: &[SourceRecord],
+    tokenizer: Option<&TextTokenizer>,
+    config: &TokenizeConfig,
+    threads: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<TokenizedDataset, DataError> {
+    use rayon::prelude::*;
+    let total = records.len();
+    let threads = threads.max(1);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("tokenize-{i}"))
+        .build()
+        .map_err(|err| DataError::File {
+            path: path.to_owned(),
+            message: format!("no threads to tokenize on: {err}"),
+            hint: "run with fewer threads (RAYON_NUM_THREADS=1)".into(),
+        })?;
+    let mut parts = Vec::with_capacity(total.div_ceil(PROGRESS_EVERY));
+    let mut done = 0;
+    for wave in records.chunks(PROGRESS_EVERY * threads) {
+        let results: Vec<Result<TokenizedPart, DataError>> = pool.install(|| {
+            wave.par_chunks(PROGRESS_EVERY)
+                .map(|chunk| tokenize_part_with(path, chunk, tokenizer, config, &mut |_| {}))
+                .collect()
+        });
+        for result in results {
+            parts.push(result?);
+        }
+        done += wave.len();
+        progress(done, total);
+    }
+    let mut dataset = finish_parts(path, parts, config)?;
+    dataset.unused_fields = unused_text_fields(records);
+    Ok(dataset)
 }
 
 /// The examples of some of a file's records (a rank's share), before the
@@ -498,7 +552,8 @@ pub fn tokenize_part_with(
 }
 
 /// The data set of `parts`, in file order: their examples end to end, the
-/// report over all of them; refused when no example is left.
+/// report over all of them (`unused_fields` left for the caller, which has
+/// the records); refused when no example is left.
 pub fn finish_parts(
     path: &Path,
     parts: Vec<TokenizedPart>,
@@ -551,6 +606,7 @@ pub fn finish_parts(
         examples,
         locations,
         report,
+        unused_fields: Vec::new(),
     })
 }
 

@@ -52,4 +52,8 @@ pub enum Command {
     /// must move no other example. Takes `padfree train`'s flags.
     #[command(allow_negative_numbers = true)]
     Check(Box<CheckArgs>),
+    /// padfree's own: tokenizes a data file on every core for a run that
+    /// started it, the job on standard input (see commands/data/helper.rs).
+    #[command(name = "tokenize-helper", hide = true)]
+    TokenizeHelper,
 }

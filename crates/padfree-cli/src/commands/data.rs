@@ -1,6 +1,7 @@
 //! A run's data: the records of a data file (or the shipped ones), warnings
 //! for text fields no record shape trains on, and the examples, through the
-//! tokenized-data cache unless `--no-data-cache`.
+//! tokenized-data cache unless `--no-data-cache`; a cold start is
+//! tokenized on every core by a helper process (`data/helper.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -9,9 +10,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
     CacheKeyParts, DataCache, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer,
     TokenizeConfig, TokenizedDataset, UnusedField, content_fingerprint, data_fingerprint,
-    read_records, read_records_from_str, tokenize_with_progress, unused_text_fields,
+    read_records, read_records_from_str, tokenize_in_parallel,
 };
 use padfree_train::Communicator;
+
+mod helper;
+
+pub use helper::run as run_helper;
 
 pub(super) const EMBEDDED_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/train.jsonl";
 pub(super) const EMBEDDED_DATA: &str = include_str!("../../../../data/gsm-symbolic/train.jsonl");
@@ -19,27 +24,80 @@ pub(super) const EMBEDDED_EVAL_DATA_NAME: &str = "<built-in>/data/gsm-symbolic/e
 pub(super) const EMBEDDED_EVAL_DATA: &str =
     include_str!("../../../../data/gsm-symbolic/eval.jsonl");
 
-/// The examples of `records`, read from `file` (`embedded`: the shipped
-/// text it names), through the tokenized-data cache unless
-/// `--no-data-cache`; says whether the cache was built or reused, and where.
-pub(super) fn tokenize_data(
+/// The examples of the data file `path` (given by `--flag`), or without
+/// one of the shipped file `embedded` (its name and text), through the
+/// tokenized-data cache unless `--no-data-cache`, with the name they are
+/// reported under; says whether the cache was built or reused, and where,
+/// and warns of text fields no record's shape trains on.
+///
+/// A data file in one process whose malloc is tuned for training goes to
+/// the helper (`data/helper.rs`), which reads and tokenizes it on every
+/// core; this process reads no record, only the cache entry. Under
+/// `mpirun` the ranks share the work instead, one thread each.
+pub(super) fn data_set(
+    (flag, path, embedded): (&str, Option<&Path>, (&str, &str)),
     (cache, fields): (Option<&DataCache>, &FieldNames),
     comm: Option<&dyn Communicator>,
+    tokenizer: Option<&TextTokenizer>,
+    config: &TokenizeConfig,
+) -> anyhow::Result<(PathBuf, TokenizedDataset)> {
+    let ranks = comm.filter(|comm| comm.world_size() > 1);
+    if let Some(path) = path {
+        exists(flag, path)?;
+        if ranks.is_none() && crate::allocator::is_tuned() {
+            if let Some((dataset, used)) = helper::tokenize(cache, fields, path, tokenizer, config)?
+            {
+                if let Some(used) = used {
+                    say!("data cache: {}: {used}", path.display());
+                }
+                warn_unused_fields(path, &dataset, fields);
+                return Ok((path.to_owned(), dataset));
+            }
+        }
+    }
+    let (file, records) = read_data(path, embedded, fields)?;
+    let text = path.is_none().then_some(embedded.1);
+    let dataset = tokenize_data(
+        (cache, fields),
+        ranks,
+        (&file, text),
+        &records,
+        tokenizer,
+        config,
+    )?;
+    drop(records);
+    warn_unused_fields(&file, &dataset, fields);
+    Ok((file, dataset))
+}
+
+/// The examples of `records`, read from `file` (`embedded`: the shipped
+/// text it names), in this process (on every core unless malloc is tuned:
+/// `PADFREE_MALLOC=system`, or not glibc).
+fn tokenize_data(
+    (cache, fields): (Option<&DataCache>, &FieldNames),
+    ranks: Option<&dyn Communicator>,
     (file, embedded): (&Path, Option<&str>),
     records: &[SourceRecord],
     tokenizer: Option<&TextTokenizer>,
     config: &TokenizeConfig,
 ) -> anyhow::Result<TokenizedDataset> {
+    let threads = if crate::allocator::is_tuned() || ranks.is_some() {
+        1
+    } else {
+        rayon::current_num_threads()
+    };
     let bar = records_bar(file, records.len());
     let mut progress = |done: usize, total: usize| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
     let Some(cache) = cache else {
-        let dataset = tokenize_with_progress(file, records, tokenizer, config, &mut progress);
+        let dataset =
+            tokenize_in_parallel(file, records, tokenizer, config, threads, &mut progress);
         bar.finish_and_clear();
         return Ok(dataset?);
     };
+    let cache = cache.clone().with_threads(threads);
     let content: Fingerprint = match embedded {
         Some(text) => content_fingerprint(text.as_bytes()),
         None => data_fingerprint(file)?,
@@ -50,7 +108,7 @@ pub(super) fn tokenize_data(
         tokenizer,
         config,
     };
-    let result = match comm.filter(|comm| comm.world_size() > 1) {
+    let result = match ranks {
         Some(comm) => {
             cache.tokenize_on_ranks(file, records, &parts, &CommRanks(comm), &mut progress)
         }
@@ -65,7 +123,7 @@ pub(super) fn tokenize_data(
 /// A bar of the records tokenized (of this rank's share under `mpirun`),
 /// with their rate and the time left, on the lead rank's terminal; it
 /// shows once the first records are done and is cleared at the end.
-fn records_bar(file: &Path, records: usize) -> ProgressBar {
+pub(super) fn records_bar(file: &Path, records: usize) -> ProgressBar {
     let bar = if crate::ranks::is_lead() {
         ProgressBar::new(records as u64)
     } else {
@@ -111,25 +169,26 @@ impl Ranks for CommRanks<'_> {
     }
 }
 
-/// The records of `path` (given by `--flag`), or without one those of the
-/// shipped file `embedded` (its name and text), with the name they are
-/// reported under.
-pub(super) fn read_data(
-    flag: &str,
+/// Refuses a `--flag` path that is not there.
+pub(super) fn exists(flag: &str, path: &Path) -> anyhow::Result<()> {
+    if let Err(err) = std::fs::metadata(path) {
+        bail!(
+            "--{flag} {}: {err}\nHINT: give an existing, readable JSONL or JSON file, a .parquet file, a directory of .parquet shards or an HF datasets directory",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The records of `path`, or without one those of the shipped file
+/// `embedded` (its name and text), with the name they are reported under.
+fn read_data(
     path: Option<&Path>,
     (embedded_name, embedded_text): (&str, &str),
     fields: &FieldNames,
 ) -> anyhow::Result<(PathBuf, Vec<SourceRecord>)> {
     Ok(match path {
-        Some(path) => {
-            if let Err(err) = std::fs::metadata(path) {
-                bail!(
-                    "--{flag} {}: {err}\nHINT: give an existing, readable JSONL or JSON file, a .parquet file, a directory of .parquet shards or an HF datasets directory",
-                    path.display()
-                );
-            }
-            (path.to_owned(), read_records(path, fields)?)
-        }
+        Some(path) => (path.to_owned(), read_records(path, fields)?),
         None => (
             PathBuf::from(embedded_name),
             read_records_from_str(Path::new(embedded_name), embedded_text, fields)?,
@@ -138,16 +197,16 @@ pub(super) fn read_data(
 }
 
 /// Names the text fields of `file` that no record's shape trains on.
-pub(super) fn warn_unused_fields(file: &Path, records: &[SourceRecord], fields: &FieldNames) {
-    for field in unused_text_fields(records) {
+fn warn_unused_fields(file: &Path, dataset: &TokenizedDataset, fields: &FieldNames) {
+    for field in &dataset.unused_fields {
         warn!(
             "{}: field `{}` holds text in {} of {} records (the first at {}), but their record shape does not use it: it is not trained on\nHINT: to train on it, {}name it with --prompt-field/--completion-field or --dataset-text-field, or drop it from the file to silence this",
             file.display(),
             field.name,
             field.records,
-            records.len(),
+            dataset.report.records,
             field.first,
-            template_hint(&field, fields)
+            template_hint(field, fields)
         );
     }
 }

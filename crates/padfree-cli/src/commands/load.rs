@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
-use padfree_data::{Record, TextTokenizer, TokenizeConfig};
+use padfree_data::{TextTokenizer, TokenizeConfig, holds_text_records};
 use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::gguf::GgufFile;
 use padfree_model::kernels::{self, kernel_bodies};
@@ -17,8 +17,7 @@ use padfree_model::{LlamaConfig, LlamaModel, LoraConfig, is_adapter_dir, tokeniz
 use padfree_train::{Communicator, TrainError};
 
 use super::data::{
-    EMBEDDED_DATA, EMBEDDED_DATA_NAME, EMBEDDED_EVAL_DATA, EMBEDDED_EVAL_DATA_NAME, read_data,
-    tokenize_data, warn_unused_fields,
+    EMBEDDED_DATA, EMBEDDED_DATA_NAME, EMBEDDED_EVAL_DATA, EMBEDDED_EVAL_DATA_NAME, data_set,
 };
 use crate::args::{ModelSource, TrainJob, is_gguf};
 
@@ -41,12 +40,16 @@ pub struct Loaded {
 pub fn load(job: &TrainJob, comm: Option<&dyn Communicator>) -> anyhow::Result<Loaded> {
     // First: a device that cannot be opened is refused before any work.
     let device = training_device(job)?;
-    let (data_name, records) = read_data(
-        "data",
-        job.data.as_deref(),
-        (EMBEDDED_DATA_NAME, EMBEDDED_DATA),
-        &job.fields,
-    )?;
+    // Whether the data needs a tokenizer; a text data file's first record
+    // says so, without the file read whole here (`data_set` may leave it
+    // to a helper process).
+    let text_data = match &job.data {
+        Some(path) => {
+            super::data::exists("data", path)?;
+            holds_text_records(path, &job.fields)?
+        }
+        None => true,
+    };
     let resuming = job.resume_from_checkpoint.is_some();
     // A preset's vocabulary grows to hold the tokenizer (the given one, else
     // the shipped one, unless the data is all token ids); it never shrinks,
@@ -57,17 +60,10 @@ pub fn load(job: &TrainJob, comm: Option<&dyn Communicator>) -> anyhow::Result<L
         _ => None,
     };
     let preset_tokenizer = match preset {
-        Some(_)
-            if job.tokenizer.is_some()
-                || records
-                    .iter()
-                    .any(|r| !matches!(r.record, Record::Tokenized { .. })) =>
-        {
-            Some(match &job.tokenizer {
-                Some(path) => load_tokenizer_file(path)?,
-                None => embedded_tokenizer()?,
-            })
-        }
+        Some(_) if job.tokenizer.is_some() || text_data => Some(match &job.tokenizer {
+            Some(path) => load_tokenizer_file(path)?,
+            None => embedded_tokenizer()?,
+        }),
         _ => None,
     };
     let preset_vocab = match (&preset, &preset_tokenizer) {
@@ -118,31 +114,28 @@ pub fn load(job: &TrainJob, comm: Option<&dyn Communicator>) -> anyhow::Result<L
         overlong: job.overlong,
         vocab_limit: config.vocab_size,
     };
-    warn_unused_fields(&data_name, &records, &job.fields);
-    let dataset = tokenize_data(
+    let (data_name, dataset) = data_set(
+        (
+            "data",
+            job.data.as_deref(),
+            (EMBEDDED_DATA_NAME, EMBEDDED_DATA),
+        ),
         (job.data_cache.as_ref(), &job.fields),
         comm,
-        (&data_name, job.data.is_none().then_some(EMBEDDED_DATA)),
-        &records,
         tokenizer.as_ref(),
         &tokenize,
     )?;
     say!("data: {}: {}", data_name.display(), dataset.report);
     let eval_dataset = match &job.eval {
         Some(eval) => {
-            let (name, records) = read_data(
-                "eval-data",
-                eval.data.as_deref(),
-                (EMBEDDED_EVAL_DATA_NAME, EMBEDDED_EVAL_DATA),
-                &job.fields,
-            )?;
-            warn_unused_fields(&name, &records, &job.fields);
-            let embedded = eval.data.is_none().then_some(EMBEDDED_EVAL_DATA);
-            let eval_dataset = tokenize_data(
+            let (name, eval_dataset) = data_set(
+                (
+                    "eval-data",
+                    eval.data.as_deref(),
+                    (EMBEDDED_EVAL_DATA_NAME, EMBEDDED_EVAL_DATA),
+                ),
                 (job.data_cache.as_ref(), &job.fields),
                 comm,
-                (&name, embedded),
-                &records,
                 tokenizer.as_ref(),
                 &tokenize,
             )?;

@@ -29,3 +29,5 @@ mod data;
 pub mod load;
 pub mod pack;
 pub mod train;
+
+pub use data::run_helper as run_tokenize_helper;

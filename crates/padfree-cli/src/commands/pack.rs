@@ -9,7 +9,7 @@ use padfree_pack::{
 
 use padfree_data::TokenizeConfig;
 
-use super::data::{read_data, tokenize_data, warn_unused_fields};
+use super::data::data_set;
 use super::load::{embedded_tokenizer, load_tokenizer_file};
 use crate::args::{PackData, PackJob};
 
@@ -42,8 +42,6 @@ fn data_examples(data: &PackData, max_seq_len: usize) -> anyhow::Result<Vec<Exam
         tokenizer.source_name(),
         tokenizer.vocab_size()
     );
-    let (name, records) = read_data("data", Some(&data.path), ("", ""), &data.fields)?;
-    warn_unused_fields(&name, &records, &data.fields);
     let config = TokenizeConfig {
         train_on_inputs: data.train_on_inputs,
         use_chat_template: data.use_chat_template,
@@ -51,11 +49,10 @@ fn data_examples(data: &PackData, max_seq_len: usize) -> anyhow::Result<Vec<Exam
         overlong: data.overlong,
         vocab_limit: tokenizer.vocab_size(),
     };
-    let dataset = tokenize_data(
+    let (name, dataset) = data_set(
+        ("data", Some(&data.path), ("", "")),
         (data.cache.as_ref(), &data.fields),
         None,
-        (&name, None),
-        &records,
         Some(&tokenizer),
         &config,
     )?;

@@ -8,6 +8,7 @@ use padfree_pack::Example;
 use serde::{Deserialize, Serialize};
 
 use super::key::{FORMAT, Fnv};
+use crate::records::UnusedField;
 use crate::tokenize::{DataReport, TokenizedDataset, TokenizedPart};
 
 /// What the cache did for one data set.
@@ -64,6 +65,9 @@ struct Manifest {
     /// A rank's share only: its first bad record.
     #[serde(default)]
     error: Option<RecordError>,
+    /// Text fields no record's shape trains on (a whole data set only).
+    #[serde(default)]
+    unused_fields: Vec<UnusedField>,
 }
 
 /// A bad record, as a rank's share keeps it for the other ranks.
@@ -78,6 +82,7 @@ pub(super) struct RecordError {
 pub(super) struct Contents<'a> {
     pub(super) examples: &'a [Example],
     pub(super) locations: &'a [String],
+    pub(super) unused_fields: &'a [UnusedField],
     pub(super) report: DataReport,
     pub(super) single_tokens: usize,
     pub(super) error: Option<RecordError>,
@@ -87,6 +92,7 @@ pub(super) struct Contents<'a> {
 pub(super) struct Entry {
     pub(super) examples: Vec<Example>,
     pub(super) locations: Vec<String>,
+    pub(super) unused_fields: Vec<UnusedField>,
     pub(super) report: DataReport,
     pub(super) single_tokens: usize,
     pub(super) error: Option<RecordError>,
@@ -112,6 +118,7 @@ impl Entry {
             examples: self.examples,
             locations: self.locations,
             report: self.report,
+            unused_fields: self.unused_fields,
         }
     }
 }
@@ -194,6 +201,7 @@ pub(super) fn read_entry(entry: &Path, key: &str) -> Result<Entry, String> {
         report: manifest.report,
         single_tokens: manifest.single_tokens,
         error: manifest.error,
+        unused_fields: manifest.unused_fields,
     })
 }
 
@@ -252,6 +260,7 @@ pub(super) fn whole(dataset: &TokenizedDataset) -> Contents<'_> {
     Contents {
         examples: &dataset.examples,
         locations: &dataset.locations,
+        unused_fields: &dataset.unused_fields,
         report: dataset.report.clone(),
         single_tokens: 0,
         error: None,
@@ -264,6 +273,7 @@ pub(super) fn share(part: &Result<TokenizedPart, RecordError>) -> Contents<'_> {
         Ok(part) => Contents {
             examples: &part.examples,
             locations: &part.locations,
+            unused_fields: &[],
             report: part.report.clone(),
             single_tokens: part.single_tokens,
             error: None,
@@ -271,6 +281,7 @@ pub(super) fn share(part: &Result<TokenizedPart, RecordError>) -> Contents<'_> {
         Err(error) => Contents {
             examples: &[],
             locations: &[],
+            unused_fields: &[],
             report: DataReport::default(),
             single_tokens: 0,
             error: Some(error.clone()),
@@ -314,6 +325,7 @@ fn fill(tmp: &Path, key: &str, dataset: &Contents<'_>, path: &Path) -> Result<()
         },
         single_tokens: dataset.single_tokens,
         error: dataset.error.clone(),
+        unused_fields: dataset.unused_fields.to_vec(),
     };
     let manifest = serde_json::to_vec(&manifest).map_err(|err| err.to_string())?;
     // The manifest last: a reader of a whole entry finds it whole.

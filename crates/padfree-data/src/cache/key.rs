@@ -7,7 +7,7 @@ use crate::records::FieldNames;
 use crate::tokenize::{TextTokenizer, TokenizeConfig};
 
 /// The layout of an entry; a new one misses every older entry.
-pub const FORMAT: &str = "padfree-data-cache 1";
+pub const FORMAT: &str = "padfree-data-cache 2";
 
 /// What decides a data set's examples, besides the records' own text.
 #[derive(Debug, Clone, Copy)]

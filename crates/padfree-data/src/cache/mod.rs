@@ -47,12 +47,34 @@ use crate::tokenize::TokenizedDataset;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataCache {
     dir: PathBuf,
+    threads: usize,
+}
+
+/// What the cache holds for a data set.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A whole entry, read back (from this directory).
+    Hit(TokenizedDataset, PathBuf),
+    /// No entry.
+    Miss,
+    /// An entry that cannot be trusted (why); it is rebuilt when written.
+    Broken(String),
 }
 
 impl DataCache {
     /// A cache in `dir` (made when first written).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self {
+            dir: dir.into(),
+            threads: 1,
+        }
+    }
+
+    /// Tokenizes a missing entry on `threads` threads
+    /// ([`crate::tokenize_in_parallel`]); 1 unless told.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
     }
 
     /// Where the cache lives unless told: `$PADFREE_DATA_CACHE`, else
@@ -92,20 +114,29 @@ impl DataCache {
     ) -> Result<(TokenizedDataset, CacheUse), DataError> {
         let key = cache_key(parts)?;
         let entry = self.dir.join(&key);
-        let mut rebuilt = None;
-        if entry.exists() {
-            match read_entry(&entry, &key) {
-                Ok(read) => return Ok((read.into_dataset(path), CacheUse::Reused(entry))),
-                Err(why) => rebuilt = Some(why),
-            }
-        }
-        let dataset = crate::tokenize::tokenize_with_progress(
-            path,
-            records,
-            parts.tokenizer,
-            parts.config,
-            progress,
-        )?;
+        let rebuilt = match self.look_up(path, parts)? {
+            Lookup::Hit(dataset, entry) => return Ok((dataset, CacheUse::Reused(entry))),
+            Lookup::Miss => None,
+            Lookup::Broken(why) => Some(why),
+        };
+        let dataset = if self.threads > 1 {
+            crate::tokenize::tokenize_in_parallel(
+                path,
+                records,
+                parts.tokenizer,
+                parts.config,
+                self.threads,
+                progress,
+            )?
+        } else {
+            crate::tokenize::tokenize_with_progress(
+                path,
+                records,
+                parts.tokenizer,
+                parts.config,
+                progress,
+            )?
+        };
         let written = write_entry(&self.dir, &key, &whole(&dataset), path);
         let used = match (written, rebuilt) {
             (Err(why), _) => CacheUse::NotWritten(entry, why),
@@ -113,6 +144,20 @@ impl DataCache {
             (Ok(()), None) => CacheUse::Built(entry),
         };
         Ok((dataset, used))
+    }
+
+    /// The entry for `parts`, if one is whole, read as the data set of
+    /// `path`; nothing is tokenized or written.
+    pub fn look_up(&self, path: &Path, parts: &CacheKeyParts<'_>) -> Result<Lookup, DataError> {
+        let key = cache_key(parts)?;
+        let entry = self.dir.join(&key);
+        if !entry.exists() {
+            return Ok(Lookup::Miss);
+        }
+        Ok(match read_entry(&entry, &key) {
+            Ok(read) => Lookup::Hit(read.into_dataset(path), entry),
+            Err(why) => Lookup::Broken(why),
+        })
     }
 
     /// [`Self::tokenize`] as one of several ranks that see this cache

@@ -124,7 +124,8 @@ pub(super) fn tokenize_shared(
             single_tokens: read.single_tokens,
         });
     }
-    let dataset = crate::tokenize::finish_parts(path, joined, parts.config)?;
+    let mut dataset = crate::tokenize::finish_parts(path, joined, parts.config)?;
+    dataset.unused_fields = crate::records::unused_text_fields(records);
     if rank != 0 {
         return Ok((dataset, CacheUse::Shared(entry, world)));
     }
