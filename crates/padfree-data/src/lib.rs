@@ -19,6 +19,7 @@
 
 mod cache;
 mod columnar;
+mod dataset;
 mod error;
 mod prompt_template;
 mod records;
@@ -29,6 +30,7 @@ pub use cache::{
     CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Lookup, Ranks,
     cache_key, content_fingerprint, data_fingerprint, file_fingerprint,
 };
+pub use dataset::DataSet;
 pub use error::DataError;
 pub use prompt_template::template_fields;
 pub use records::{

@@ -42,6 +42,16 @@ pub enum PackError {
         /// prints it once).
         cause: ExampleError,
     },
+    /// A stored example whose tokens could not be read.
+    #[error(
+        "example {index} could not be read: {message}\nHINT: the tokenized-data cache entry it is read from changed or is damaged; run again to rebuild it, or pass --no-data-cache"
+    )]
+    Unreadable {
+        /// Index of the example.
+        index: usize,
+        /// Why.
+        message: String,
+    },
     /// A batch with no examples.
     #[error(
         "the batch has no examples\nHINT: a batch needs at least one example; check the batch size and that the dataset is not empty"

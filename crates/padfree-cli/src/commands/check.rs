@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use anyhow::bail;
-use padfree_data::TokenizedDataset;
+use padfree_data::DataSet;
 use padfree_model::LlamaModel;
 use padfree_model::check::{BatchCheck, Fault, ONE_EXAMPLE, Tolerances, check_batch};
 use padfree_pack::Example;
@@ -19,7 +19,7 @@ use crate::args::CheckJob;
 /// batch held one example) is incomplete, and fails.
 pub fn run(job: &CheckJob) -> anyhow::Result<()> {
     let Loaded { model, dataset, .. } = load(&job.train, None)?;
-    let lengths: Vec<usize> = dataset.examples.iter().map(Example::len).collect();
+    let lengths = dataset.examples.lengths();
     let config = job.train.train_config(&lengths);
     let model = model.with_precision(config.precision)?;
     if config.precision == padfree_model::Precision::Bf16 {
@@ -49,13 +49,13 @@ pub struct CheckOutcome {
 /// record as `file:line N`.
 pub fn verify_packing(
     model: &LlamaModel,
-    dataset: &TokenizedDataset,
+    dataset: &DataSet,
     config: &TrainConfig,
     rank: usize,
     batches: usize,
     fault: Fault,
 ) -> anyhow::Result<CheckOutcome> {
-    let lengths: Vec<usize> = dataset.examples.iter().map(Example::len).collect();
+    let lengths = dataset.examples.lengths();
     let plan = TrainPlan::new(&lengths, config)
         .map_err(|err| with_record(err, &dataset.source, &dataset.locations))?;
     let picked: Vec<&Vec<usize>> = plan
@@ -79,8 +79,8 @@ pub fn verify_packing(
     for (number, indices) in picked.iter().enumerate() {
         let examples: Vec<Example> = indices
             .iter()
-            .map(|&i| dataset.examples[i].clone())
-            .collect();
+            .map(|&i| dataset.examples.get(i).map(std::borrow::Cow::into_owned))
+            .collect::<Result<_, _>>()?;
         let batch_started = Instant::now();
         let check = check_batch(model, &examples, &tolerances, fault)?;
         examples_checked += examples.len();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
-    CacheKeyParts, DataCache, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer,
+    CacheKeyParts, DataCache, DataSet, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer,
     TokenizeConfig, TokenizedDataset, UnusedField, content_fingerprint, data_fingerprint,
     read_records, read_records_from_str, tokenize_in_parallel,
 };
@@ -40,7 +40,7 @@ pub(super) fn data_set(
     comm: Option<&dyn Communicator>,
     tokenizer: Option<&TextTokenizer>,
     config: &TokenizeConfig,
-) -> anyhow::Result<(PathBuf, TokenizedDataset)> {
+) -> anyhow::Result<(PathBuf, DataSet)> {
     let ranks = comm.filter(|comm| comm.world_size() > 1);
     if let Some(path) = path {
         exists(flag, path)?;
@@ -66,6 +66,7 @@ pub(super) fn data_set(
         config,
     )?;
     drop(records);
+    let dataset = DataSet::from(dataset);
     warn_unused_fields(&file, &dataset, fields);
     Ok((file, dataset))
 }
@@ -197,7 +198,7 @@ fn read_data(
 }
 
 /// Names the text fields of `file` that no record's shape trains on.
-fn warn_unused_fields(file: &Path, dataset: &TokenizedDataset, fields: &FieldNames) {
+fn warn_unused_fields(file: &Path, dataset: &DataSet, fields: &FieldNames) {
     for field in &dataset.unused_fields {
         warn!(
             "{}: field `{}` holds text in {} of {} records (the first at {}), but their record shape does not use it: it is not trained on\nHINT: to train on it, {}name it with --prompt-field/--completion-field or --dataset-text-field, or drop it from the file to silence this",

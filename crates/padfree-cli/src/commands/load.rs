@@ -29,9 +29,9 @@ const EMBEDDED_TOKENIZER_CONFIG: &str =
 pub struct Loaded {
     pub model: LlamaModel,
     pub tokenizer: Option<TextTokenizer>,
-    pub dataset: padfree_data::TokenizedDataset,
+    pub dataset: padfree_data::DataSet,
     /// The held-out set, with an eval strategy.
-    pub eval_dataset: Option<padfree_data::TokenizedDataset>,
+    pub eval_dataset: Option<padfree_data::DataSet>,
 }
 
 /// Loads the model, tokenizer and data of `job`, printing what was loaded;

@@ -57,7 +57,7 @@ fn data_examples(data: &PackData, max_seq_len: usize) -> anyhow::Result<Vec<Exam
         &config,
     )?;
     println!("data: {}: {}", name.display(), dataset.report);
-    Ok(dataset.examples)
+    Ok(dataset.examples.into_examples()?)
 }
 
 /// Hugging Face's own test case for `DataCollatorWithFlattening`.

@@ -141,7 +141,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     } else {
         ", tokenizer files"
     };
-    let lengths: Vec<usize> = dataset.examples.iter().map(|e| e.len()).collect();
+    let lengths = dataset.examples.lengths();
     let mut config = job.train_config(&lengths);
     config.world_size = world_size;
     if let Some(batches) = job.verify_packing {
@@ -160,8 +160,8 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     let label_counts: Vec<usize> = dataset
         .examples
         .iter()
-        .map(|e| e.num_loss_tokens())
-        .collect();
+        .map(|e| e.map(|e| e.num_loss_tokens()))
+        .collect::<Result<_, _>>()?;
     let (source, locations) = (dataset.source, dataset.locations);
     // The merged model (--merge-adapter) gets the tokenizer files too.
     let merge_artifacts = job.merge_adapter.then(|| artifacts.clone());
@@ -203,7 +203,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             }
         );
         trainer = trainer.with_eval(EvalSet {
-            examples: eval_dataset.examples,
+            examples: eval_dataset.examples.into_examples()?,
             settings: eval,
         })?;
     }

@@ -125,6 +125,105 @@ impl Entry {
 
 /// The entry's examples, or why it cannot be trusted.
 pub(super) fn read_entry(entry: &Path, key: &str) -> Result<Entry, String> {
+    let mut examples = Vec::new();
+    let walked = walk_entry(entry, key, &mut |example| {
+        examples.push(example);
+        Ok(())
+    })?;
+    Ok(walked.into_entry(examples))
+}
+
+/// The entry's examples read from its files when asked for (a step's at a
+/// time), after the same checks as [`read_entry`]: nothing of the tokens is
+/// held but the offsets.
+pub(super) fn open_entry(
+    entry: &Path,
+    key: &str,
+) -> Result<(Vec<u64>, Entry, EntryTokens), String> {
+    let mut walked = walk_entry(entry, key, &mut |_| Ok(()))?;
+    let tokens = EntryTokens::open(entry)?;
+    let offsets = std::mem::take(&mut walked.offsets);
+    Ok((offsets, walked.into_entry(Vec::new()), tokens))
+}
+
+/// An entry's `ids.u32` and `labels.i32`, read a range at a time.
+#[derive(Debug)]
+pub(super) struct EntryTokens {
+    files: std::sync::Mutex<(std::fs::File, std::fs::File)>,
+    dir: PathBuf,
+}
+
+impl EntryTokens {
+    fn open(entry: &Path) -> Result<Self, String> {
+        let open = |name: &str| {
+            std::fs::File::open(entry.join(name))
+                .map_err(|err| format!("{name} could not be read: {err}"))
+        };
+        Ok(Self {
+            files: std::sync::Mutex::new((open(IDS)?, open(LABELS)?)),
+            dir: entry.to_owned(),
+        })
+    }
+}
+
+impl padfree_pack::TokenSource for EntryTokens {
+    fn tokens(&self, range: std::ops::Range<u64>) -> Result<(Vec<u32>, Vec<i64>), String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let n =
+            usize::try_from(range.end.saturating_sub(range.start)).map_err(|e| e.to_string())?;
+        let mut files = self
+            .files
+            .lock()
+            .map_err(|_| "a reader of the entry panicked".to_owned())?;
+        let read = |file: &mut std::fs::File| -> Result<Vec<u8>, String> {
+            let mut bytes = vec![0u8; 4 * n];
+            file.seek(SeekFrom::Start(4 * range.start))
+                .and_then(|_| file.read_exact(&mut bytes))
+                .map_err(|err| format!("{}: {err}", self.dir.display()))?;
+            Ok(bytes)
+        };
+        let ids = read(&mut files.0)?;
+        let labels = read(&mut files.1)?;
+        Ok((
+            ids.chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            labels
+                .chunks_exact(4)
+                .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect(),
+        ))
+    }
+}
+
+/// An entry walked through: its manifest and offsets.
+struct Walked {
+    manifest: Manifest,
+    offsets: Vec<u64>,
+}
+
+impl Walked {
+    fn into_entry(self, examples: Vec<Example>) -> Entry {
+        Entry {
+            examples,
+            locations: self.manifest.locations,
+            report: self.manifest.report,
+            single_tokens: self.manifest.single_tokens,
+            error: self.manifest.error,
+            unused_fields: self.manifest.unused_fields,
+        }
+    }
+}
+
+/// Checks the entry's manifest, hands every example to `each` as read
+/// from blocks of the files (each block hashed as read: no whole file in
+/// memory), and compares every checksum at the end; the entry is trusted
+/// only if all of that agrees.
+fn walk_entry(
+    entry: &Path,
+    key: &str,
+    each: &mut dyn FnMut(Example) -> Result<(), String>,
+) -> Result<Walked, String> {
     let manifest = std::fs::read(entry.join(MANIFEST))
         .map_err(|err| format!("{MANIFEST} could not be read: {err}"))?;
     let manifest: Manifest = serde_json::from_slice(&manifest)
@@ -148,10 +247,7 @@ pub(super) fn read_entry(entry: &Path, key: &str) -> Result<Entry, String> {
     let mut ids = HashedReader::open(&entry.join(IDS), 4 * manifest.tokens as u64)?;
     let mut labels = HashedReader::open(&entry.join(LABELS), 4 * manifest.tokens as u64)?;
     let mut offsets = HashedReader::open(&entry.join(OFFSETS), 8 * (manifest.examples as u64 + 1))?;
-    // Example by example from blocks of the files, each hashed as read: no
-    // whole file in memory beside the examples; nothing is returned unless
-    // every checksum agrees at the end.
-    let mut examples = Vec::with_capacity(manifest.examples);
+    let mut kept = Vec::with_capacity(manifest.examples + 1);
     let offset = |reader: &mut HashedReader| -> Result<usize, String> {
         let mut word = [0u8; 8];
         word.copy_from_slice(reader.take(8)?);
@@ -161,6 +257,7 @@ pub(super) fn read_entry(entry: &Path, key: &str) -> Result<Entry, String> {
     if start != 0 {
         return Err(format!("{OFFSETS} starts at {start}, not 0"));
     }
+    kept.push(0);
     for at in 0..manifest.examples {
         let end = offset(&mut offsets)?;
         if end < start || end > manifest.tokens {
@@ -178,7 +275,8 @@ pub(super) fn read_entry(entry: &Path, key: &str) -> Result<Entry, String> {
             .collect();
         let example = Example::new(input_ids, example_labels)
             .map_err(|err| format!("example {at}: {err}"))?;
-        examples.push(example);
+        each(example)?;
+        kept.push(end as u64);
         start = end;
     }
     if start != manifest.tokens {
@@ -195,13 +293,9 @@ pub(super) fn read_entry(entry: &Path, key: &str) -> Result<Entry, String> {
     if sums != manifest.checksums {
         return Err("a file's checksum differs from the one written (changed or damaged)".into());
     }
-    Ok(Entry {
-        examples,
-        locations: manifest.locations,
-        report: manifest.report,
-        single_tokens: manifest.single_tokens,
-        error: manifest.error,
-        unused_fields: manifest.unused_fields,
+    Ok(Walked {
+        manifest,
+        offsets: kept,
     })
 }
 

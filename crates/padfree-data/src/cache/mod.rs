@@ -32,13 +32,16 @@ mod shared;
 
 use std::path::{Path, PathBuf};
 
+use padfree_pack::ExampleSet;
+
 pub use self::entry::CacheUse;
-use self::entry::{read_entry, whole, write_entry};
+use self::entry::{open_entry, read_entry, whole, write_entry};
 pub use self::key::{
     CacheKeyParts, FORMAT, Fingerprint, cache_key, content_fingerprint, data_fingerprint,
     file_fingerprint,
 };
 pub use self::shared::Ranks;
+use crate::dataset::DataSet;
 use crate::error::DataError;
 use crate::records::SourceRecord;
 use crate::tokenize::TokenizedDataset;
@@ -50,11 +53,13 @@ pub struct DataCache {
     threads: usize,
 }
 
-/// What the cache holds for a data set.
+/// What the cache holds for a data set: `D` is a [`TokenizedDataset`]
+/// read back ([`DataCache::look_up`]) or a [`DataSet`] that reads its
+/// examples from the entry ([`DataCache::open`]).
 #[derive(Debug)]
-pub enum Lookup {
-    /// A whole entry, read back (from this directory).
-    Hit(TokenizedDataset, PathBuf),
+pub enum Lookup<D> {
+    /// A whole entry (in this directory).
+    Hit(D, PathBuf),
     /// No entry.
     Miss,
     /// An entry that cannot be trusted (why); it is rebuilt when written.
@@ -148,7 +153,11 @@ impl DataCache {
 
     /// The entry for `parts`, if one is whole, read as the data set of
     /// `path`; nothing is tokenized or written.
-    pub fn look_up(&self, path: &Path, parts: &CacheKeyParts<'_>) -> Result<Lookup, DataError> {
+    pub fn look_up(
+        &self,
+        path: &Path,
+        parts: &CacheKeyParts<'_>,
+    ) -> Result<Lookup<TokenizedDataset>, DataError> {
         let key = cache_key(parts)?;
         let entry = self.dir.join(&key);
         if !entry.exists() {
@@ -158,6 +167,38 @@ impl DataCache {
             Ok(read) => Lookup::Hit(read.into_dataset(path), entry),
             Err(why) => Lookup::Broken(why),
         })
+    }
+
+    /// The entry for `parts`, if one is whole, as the data set of `path`
+    /// whose examples are read from the entry's files when a step asks for
+    /// them: the whole entry is read once to check it, and only the
+    /// offsets are kept (8 bytes an example, nothing a token).
+    pub fn open(
+        &self,
+        path: &Path,
+        parts: &CacheKeyParts<'_>,
+    ) -> Result<Lookup<DataSet>, DataError> {
+        let key = cache_key(parts)?;
+        let entry = self.dir.join(&key);
+        if !entry.exists() {
+            return Ok(Lookup::Miss);
+        }
+        let (offsets, read, tokens) = match open_entry(&entry, &key) {
+            Ok(opened) => opened,
+            Err(why) => return Ok(Lookup::Broken(why)),
+        };
+        let examples = match ExampleSet::from_source(offsets, std::sync::Arc::new(tokens)) {
+            Ok(examples) => examples,
+            Err(err) => return Ok(Lookup::Broken(err.to_string())),
+        };
+        let dataset = DataSet {
+            source: path.to_owned(),
+            examples,
+            locations: read.locations,
+            report: read.report,
+            unused_fields: read.unused_fields,
+        };
+        Ok(Lookup::Hit(dataset, entry))
     }
 
     /// [`Self::tokenize`] as one of several ranks that see this cache

@@ -2,9 +2,8 @@
 //! over them and the learning rate along it. Fixed before step 1; a resume
 //! on another layout plans it again from where the saved run stopped.
 
-use padfree_pack::Example;
+use padfree_pack::ExampleSet;
 
-use super::identity::fingerprint;
 use crate::config::{TrainConfig, Warmup};
 use crate::error::TrainError;
 use crate::plan::{EarlierLayout, PlannedStep, TrainPlan};
@@ -12,7 +11,7 @@ use crate::schedule::LrSchedule;
 
 #[derive(Debug)]
 pub(super) struct Course {
-    pub(super) examples: Vec<Example>,
+    pub(super) examples: ExampleSet,
     pub(super) data_fingerprint: u64,
     pub(super) plan: TrainPlan,
     pub(super) schedule: LrSchedule,
@@ -22,12 +21,17 @@ pub(super) struct Course {
 }
 
 impl Course {
-    pub(super) fn new(examples: Vec<Example>, config: &TrainConfig) -> Result<Self, TrainError> {
-        let lengths: Vec<usize> = examples.iter().map(Example::len).collect();
-        let plan = TrainPlan::new(&lengths, config)?;
+    /// The course over `examples`, whose fingerprint is `data_fingerprint`
+    /// (`identity::fingerprint`, computed once by the trainer).
+    pub(super) fn new(
+        examples: ExampleSet,
+        data_fingerprint: u64,
+        config: &TrainConfig,
+    ) -> Result<Self, TrainError> {
+        let plan = TrainPlan::new(&examples.lengths(), config)?;
         let schedule = schedule_for(config, plan.len());
         Ok(Self {
-            data_fingerprint: fingerprint(&examples),
+            data_fingerprint,
             examples,
             plan,
             schedule,
@@ -43,8 +47,7 @@ impl Course {
         config: &TrainConfig,
         earlier: Vec<EarlierLayout>,
     ) -> Result<(), TrainError> {
-        let lengths: Vec<usize> = self.examples.iter().map(Example::len).collect();
-        self.plan = TrainPlan::with_history(&lengths, config, &earlier)?;
+        self.plan = TrainPlan::with_history(&self.examples.lengths(), config, &earlier)?;
         self.schedule = schedule_for(config, self.plan.len());
         self.earlier_layouts = earlier;
         Ok(())

@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use padfree_model::LlamaModel;
-use padfree_pack::Example;
+use padfree_pack::ExampleSet;
 
 use self::course::Course;
 use self::evaluation::Evaluation;
@@ -89,7 +89,7 @@ impl Trainer {
     /// `artifacts` (e.g. tokenizer files) are written beside every saved model.
     pub fn new(
         model: LlamaModel,
-        examples: Vec<Example>,
+        examples: impl Into<ExampleSet>,
         config: TrainConfig,
         output_dir: &Path,
         artifacts: Vec<(String, Vec<u8>)>,
@@ -110,13 +110,15 @@ impl Trainer {
     pub fn new_on(
         comm: Box<dyn Communicator>,
         model: LlamaModel,
-        examples: Vec<Example>,
+        examples: impl Into<ExampleSet>,
         config: TrainConfig,
         output_dir: &Path,
         artifacts: Vec<(String, Vec<u8>)>,
     ) -> Result<Self, TrainError> {
-        preflight::check_run(comm.as_ref(), &model, &examples, &config)?;
-        let course = Course::new(examples, &config)?;
+        let examples = examples.into();
+        let data_fingerprint = identity::fingerprint(&examples)?;
+        preflight::check_run(comm.as_ref(), &model, data_fingerprint, &config)?;
+        let course = Course::new(examples, data_fingerprint, &config)?;
         let engine = Engine::new(model, &config, comm.as_ref())?;
         Ok(Self {
             saver: Saver::new(output_dir, artifacts, identity::new_run_id()),
@@ -136,7 +138,7 @@ impl Trainer {
     pub fn resume(
         model: LlamaModel,
         checkpoint: &checkpoint::Verified,
-        examples: Vec<Example>,
+        examples: impl Into<ExampleSet>,
         config: TrainConfig,
         output_dir: &Path,
         artifacts: Vec<(String, Vec<u8>)>,
@@ -158,7 +160,7 @@ impl Trainer {
         comm: Box<dyn Communicator>,
         model: LlamaModel,
         checkpoint: &checkpoint::Verified,
-        examples: Vec<Example>,
+        examples: impl Into<ExampleSet>,
         config: TrainConfig,
         output_dir: &Path,
         artifacts: Vec<(String, Vec<u8>)>,

@@ -4,19 +4,18 @@
 
 use padfree_model::LlamaModel;
 use padfree_model::tensor::IntoHostVec;
-use padfree_pack::Example;
 
-use super::identity::{Fnv1a, fingerprint};
+use super::identity::Fnv1a;
 use crate::comm::Communicator;
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 
-/// Checks `model`, `examples` and `config` can start a run on `comm`'s
+/// Checks `model`, the examples (their fingerprint) and `config` can start a run on `comm`'s
 /// ranks (every rank calls it: the cross-rank check is collective).
 pub(super) fn check_run(
     comm: &dyn Communicator,
     model: &LlamaModel,
-    examples: &[Example],
+    data_fingerprint: u64,
     config: &TrainConfig,
 ) -> Result<(), TrainError> {
     if config.world_size != comm.world_size() {
@@ -98,7 +97,7 @@ pub(super) fn check_run(
         crate::comm::check_same_on_every_rank(
             comm,
             &[
-                ("training data", fingerprint(examples)),
+                ("training data", data_fingerprint),
                 ("settings", settings.finish()),
                 ("initial weights", weights_hash.finish()),
             ],

@@ -3,6 +3,8 @@
 //! The only part of the trainer that knows about gradient accumulation,
 //! ranks, the overlapped exchange, ZeRO-1 shards and the GPU optimizer.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -10,7 +12,7 @@ use padfree_model::tensor::{
     Gradients, IntoHostVec, Tensor, backward, float_tensor, grad, take_grad, trainable,
 };
 use padfree_model::{DropoutDraw, LlamaModel};
-use padfree_pack::Example;
+use padfree_pack::{Example, ExampleSet, PackError};
 
 use super::identity::Fnv1a;
 use crate::AttentionMode;
@@ -45,7 +47,7 @@ pub(super) struct Engine {
 pub(super) struct StepJob<'a> {
     /// The step's micro-batches on every rank.
     pub(super) planned: &'a PlannedStep,
-    pub(super) examples: &'a [Example],
+    pub(super) examples: &'a ExampleSet,
     pub(super) config: &'a TrainConfig,
     pub(super) comm: &'a dyn Communicator,
     /// Steps taken before this one.
@@ -128,11 +130,14 @@ impl Engine {
         let started = Instant::now();
         // What every rank trains on in this step: the global figures come
         // from the shared plan, so they need no communication.
-        let step_examples: Vec<&Example> = planned
-            .examples()
-            .into_iter()
-            .map(|i| &all_examples[i])
-            .collect();
+        // Each example read once (from a cache entry's files, or borrowed
+        // when held); counted as often as the plan names it.
+        let indices = planned.examples();
+        let read: BTreeMap<usize, Cow<'_, Example>> = indices
+            .iter()
+            .map(|&i| all_examples.get(i).map(|example| (i, example)))
+            .collect::<Result<_, PackError>>()?;
+        let step_examples: Vec<&Example> = indices.iter().map(|i| &*read[i]).collect();
         let label_tokens: usize = step_examples.iter().map(|e| e.num_loss_tokens()).sum();
         let sum_squared_lengths: u64 = step_examples
             .iter()
@@ -147,7 +152,7 @@ impl Engine {
                 batches
                     .iter()
                     .flatten()
-                    .map(|&i| all_examples[i].len())
+                    .map(|&i| all_examples.example_len(i))
                     .sum()
             })
             .collect();
@@ -164,7 +169,7 @@ impl Engine {
         let batches = planned.rank_batches(comm.rank());
         let mut overlapped: Option<Overlapped> = None;
         for (at, indices) in batches.iter().enumerate() {
-            let batch: Vec<Example> = indices.iter().map(|&i| all_examples[i].clone()).collect();
+            let batch: Vec<Example> = indices.iter().map(|i| Example::clone(&read[i])).collect();
             self.model.set_lora_dropout(Some(DropoutDraw {
                 seed: dropout_seed(config.seed, steps_taken),
                 examples: indices.iter().map(|&i| i as u64).collect(),

@@ -400,7 +400,7 @@ fn timed_run(
     let loaded = load::load(&job, None)?;
     let config = loaded.model.config().clone();
     let mut model_flops = 0.0;
-    let lengths: Vec<usize> = loaded.dataset.examples.iter().map(|e| e.len()).collect();
+    let lengths = loaded.dataset.examples.lengths();
     let (source, locations) = (loaded.dataset.source, loaded.dataset.locations);
     let mut trainer = Trainer::new_on(
         comm,

@@ -82,9 +82,13 @@ pub(super) fn export(args: &BenchJob, output_dir: &Path) -> anyhow::Result<PathB
     )?;
     let mut lines = String::new();
     for step in trainer.plan().steps() {
-        let batch: Vec<serde_json::Value> = step.examples().iter().map(|&i| {
-            serde_json::json!({"input_ids": examples[i].input_ids(), "labels": examples[i].labels()})
-        }).collect();
+        let mut batch: Vec<serde_json::Value> = Vec::new();
+        for i in step.examples() {
+            let example = examples.get(i)?;
+            batch.push(
+                serde_json::json!({"input_ids": example.input_ids(), "labels": example.labels()}),
+            );
+        }
         lines.push_str(&serde_json::json!({ "examples": batch }).to_string());
         lines.push('\n');
     }

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use padfree_data::{
-    CacheKeyParts, CacheUse, DataCache, FieldNames, Lookup, TextTokenizer, TokenizeConfig,
-    TokenizedDataset, cache_key, data_fingerprint, read_records,
+    CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Lookup, TextTokenizer, TokenizeConfig,
+    cache_key, data_fingerprint, read_records,
 };
 use serde::{Deserialize, Serialize};
 
@@ -73,7 +73,7 @@ pub(super) fn tokenize(
     file: &Path,
     tokenizer: Option<&TextTokenizer>,
     config: &TokenizeConfig,
-) -> anyhow::Result<Option<(TokenizedDataset, Option<String>)>> {
+) -> anyhow::Result<Option<(DataSet, Option<String>)>> {
     let parts = CacheKeyParts {
         content: data_fingerprint(file)?,
         fields,
@@ -87,7 +87,7 @@ pub(super) fn tokenize(
         (None, None) => std::env::temp_dir(),
     };
     if let Some(Lookup::Hit(dataset, entry)) =
-        cache.map(|cache| cache.look_up(file, &parts)).transpose()?
+        cache.map(|cache| cache.open(file, &parts)).transpose()?
     {
         return Ok(Some((dataset, Some(CacheUse::Reused(entry).to_string()))));
     }
@@ -117,7 +117,9 @@ pub(super) fn tokenize(
     if key != ours {
         return not_used(format!("it wrote entry {key}, this run's key is {ours}"));
     }
-    let read = DataCache::new(&dir).look_up(file, &parts)?;
+    // A hand-over's files are removed below, once open: on Linux (where
+    // the helper runs) the open files stay readable until the run ends.
+    let read = DataCache::new(&dir).open(file, &parts)?;
     let Lookup::Hit(dataset, _) = read else {
         return not_used(format!("its entry {key} does not read back whole"));
     };
