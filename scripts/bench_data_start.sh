@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The start of a run on a large data set (issue 37): a 1-step `padfree
-# train` without the tokenized-data cache, building it (cold), reading it
-# back (warm), and the same on 2 MPI ranks; beside it, HF `tokenizers`'
-# batch encode of the same prompts and responses (reading included), in
-# the same run. Wall time and peak resident memory of each.
+# train` building the tokenized-data cache (cold), reading it back (warm),
+# without the cache, and the same on 2 MPI ranks; beside it, HF
+# `tokenizers`' batch encode of the same prompts and responses (reading
+# included), in the same run. Wall time and peak resident memory of each
+# (the largest process of the run, the tokenizing helper included).
 #
-#   bash scripts/bench_data_start.sh [RECORDS...]      (default: 20000 200000)
+#   bash scripts/bench_data_start.sh [SET...]
+#
+# A SET is RECORDS (maths-sized records: about 150 tokens each, with the
+# `tiny` model) or orca:RECORDS (ORCA-Math-sized: 4 maths records joined
+# into one, about 600 tokens, with the default model). Default:
+# `20000 200000 1000000 orca:200000`.
 #
 # BIN=... picks the binary (default target/release/padfree, built with
 # `--features padfree-cli/mpi` for the 2-rank rows). The data: the shipped
@@ -24,39 +30,57 @@ measure() { # NAME COMMAND...: prints "NAME: S s, M MiB"
   read -r secs kib < "$W/time"
   printf '%s: %s s, %d MiB\n' "$name" "$secs" $((kib / 1024))
 }
-[ $# -gt 0 ] || set -- 20000 200000
-for records in "$@"; do
-  data="$W/data-$records.jsonl"
-  python3 - "$records" "$data" <<'PY'
+[ $# -gt 0 ] || set -- 20000 200000 1000000 orca:200000
+for set in "$@"; do
+  records=${set#orca:}
+  join=1; model=(--config tiny)
+  if [ "$set" != "$records" ]; then join=4; model=(); fi
+  data="$W/data-$set.jsonl"
+  python3 - "$records" "$join" "$data" <<'PY'
 import json, sys
-n, out = int(sys.argv[1]), sys.argv[2]
+n, join, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 src = [json.loads(l) for l in open("data/gsm-symbolic/train.jsonl")]
 with open(out, "w") as f:
     for i in range(n):
-        r = dict(src[i % len(src)])
-        r["question"] = f"(Variant {i // len(src)}) " + r["question"]
-        f.write(json.dumps(r) + "\n")
+        parts = [src[(i * join + k) % len(src)] for k in range(join)]
+        q = " ".join(p["question"] for p in parts)
+        a = "\n".join(p["answer"] for p in parts)
+        f.write(json.dumps({"question": f"(Variant {i // len(src)}) " + q, "answer": a}) + "\n")
 PY
-  echo "== $records records, $(du -m "$data" | cut -f1) MB"
-  train=(train --config tiny --data "$data" --max-steps 1 --save-strategy no --multipack)
+  echo "== $set: $records records, $(du -m "$data" | cut -f1) MB, model ${model[*]:-default}"
+  train=(train "${model[@]}" --data "$data" --max-steps 1 --save-strategy no --multipack)
+  # HF's peer encodes 10,000 texts at a time (HF datasets' `map` hands
+  # batches of 1,000): holding every Encoding of a large set at once took
+  # 146 bytes a token (4.2 GiB for 30.9M tokens).
   measure "hf-tokenizers-batch-encode" python3 - "$data" <<'PY'
-import json, sys, time
+import json, sys
 from tokenizers import Tokenizer
 tok = Tokenizer.from_file("data/gsm-symbolic/tokenizer.json")
+tokens = 0
+def flush(prompts, answers):
+    global tokens
+    ids = tok.encode_batch(prompts) + tok.encode_batch(answers, add_special_tokens=False)
+    tokens += sum(len(e.ids) for e in ids)
 prompts, answers = [], []
 for line in open(sys.argv[1]):
     r = json.loads(line)
     prompts.append(f"Question: {r['question']}\nAnswer: ")
     answers.append(r["answer"])
-ids = tok.encode_batch(prompts) + tok.encode_batch(answers, add_special_tokens=False)
-print(sum(len(e.ids) for e in ids), "tokens")
+    if len(prompts) == 10000:
+        flush(prompts, answers); prompts, answers = [], []
+flush(prompts, answers)
+print(tokens, "tokens")
 PY
   rm -rf "$W/cache" "$W/out"
-  measure "padfree-no-cache" "$BIN" "${train[@]}" --output-dir "$W/out" --no-data-cache
-  rm -rf "$W/out"
   measure "padfree-cold" "$BIN" "${train[@]}" --output-dir "$W/out" --data-cache-dir "$W/cache"
   rm -rf "$W/out"
   measure "padfree-warm" "$BIN" "${train[@]}" --output-dir "$W/out" --data-cache-dir "$W/cache"
+  rm -rf "$W/out"
+  measure "padfree-no-cache" "$BIN" "${train[@]}" --output-dir "$W/out" --no-data-cache
+  rm -rf "$W/out"
+  measure "padfree-cold-1-thread" env RAYON_NUM_THREADS=1 "$BIN" "${train[@]}" --output-dir "$W/out" \
+    --data-cache-dir "$W/cache1"
+  rm -rf "$W/out" "$W/cache1"
   if command -v mpirun >/dev/null; then
     rm -rf "$W/cache2" "$W/out"
     measure "padfree-2-ranks-cold" mpirun --bind-to none --oversubscribe -np 2 "$BIN" "${train[@]}" \
@@ -64,6 +88,10 @@ PY
     rm -rf "$W/out"
     measure "padfree-2-ranks-warm" mpirun --bind-to none --oversubscribe -np 2 "$BIN" "${train[@]}" \
       --output-dir "$W/out" --data-cache-dir "$W/cache2"
+    rm -rf "$W/out" "$W/cache2"
   fi
   grep -h "^data:" "$W/padfree-cold.log" | head -1
+  grep -h "^hf\|tokens$" "$W/hf-tokenizers-batch-encode.log" | tail -1
+  du -sh "$W/cache" | sed 's/^/cache entry: /'
+  rm -rf "$W/cache" "$data"
 done

@@ -23,12 +23,13 @@ mod dataset;
 mod error;
 mod prompt_template;
 mod records;
+mod stream;
 mod template;
 mod tokenize;
 
 pub use cache::{
-    CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Lookup, Ranks,
-    cache_key, content_fingerprint, data_fingerprint, file_fingerprint,
+    CHUNK_RECORDS, CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Lookup,
+    Ranks, cache_key, content_fingerprint, data_fingerprint, file_fingerprint,
 };
 pub use dataset::DataSet;
 pub use error::DataError;
@@ -37,6 +38,7 @@ pub use records::{
     FieldNames, Message, Record, SourceRecord, UnusedField, holds_text_records, read_records,
     read_records_from_str, unused_text_fields,
 };
+pub use stream::{ReadProgress, for_each_record_chunk};
 pub use template::{CHATML_TEMPLATE, ChatTemplate};
 pub use tokenize::{
     DataReport, Overlong, PROGRESS_EVERY, TextTokenizer, TokenizeConfig, TokenizedDataset,

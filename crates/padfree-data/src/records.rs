@@ -126,6 +126,17 @@ pub fn unused_text_fields(records: &[SourceRecord]) -> Vec<UnusedField> {
     fields
 }
 
+/// Adds the unused fields of later records (`more`, from
+/// [`unused_text_fields`] over them) to those of the records before.
+pub(crate) fn merge_unused(into: &mut Vec<UnusedField>, more: Vec<UnusedField>) {
+    for field in more {
+        match into.iter_mut().find(|f| f.name == field.name) {
+            Some(known) => known.records += field.records,
+            None => into.push(field),
+        }
+    }
+}
+
 /// Field names that override the automatic recognition of record shapes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FieldNames {
@@ -254,6 +265,16 @@ impl<'a> JsonRecords<'a> {
         Ok(())
     }
 
+    /// The records pushed since the last call (the `seen` fields kept).
+    pub(crate) fn take(&mut self) -> Vec<SourceRecord> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// Records pushed and not taken.
+    pub(crate) fn pending(&self) -> usize {
+        self.records.len()
+    }
+
     /// Every record, refused when there is none.
     pub(crate) fn finish(self) -> Result<Vec<SourceRecord>, DataError> {
         if self.records.is_empty() {
@@ -315,7 +336,7 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, DataError> {
 }
 
 /// The first byte after a byte-order mark and whitespace.
-fn first_byte(bytes: &[u8]) -> Option<u8> {
+pub(crate) fn first_byte(bytes: &[u8]) -> Option<u8> {
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     bytes.iter().copied().find(|b| !b.is_ascii_whitespace())
 }
@@ -358,30 +379,45 @@ fn read_jsonl(
 ) -> Result<Vec<SourceRecord>, DataError> {
     let (mut records, mut seen) = (Vec::new(), Vec::new());
     for (index, line) in bytes.split(|&b| b == b'\n').enumerate() {
-        let location = format!("line {}", index + 1);
-        let fail = |message: String, hint: &str| record_error(path, &location, message, hint);
-        let text = std::str::from_utf8(line).map_err(|err| {
-            fail(
-                format!(
-                    "not valid UTF-8 (byte {} of the line)",
-                    err.valid_up_to() + 1
-                ),
-                "re-encode the file as UTF-8",
-            )
-        })?;
-        if text.trim().is_empty() {
-            continue;
+        if let Some(record) = jsonl_record(path, index + 1, line, fields, &mut seen)? {
+            records.push(record);
         }
-        let value: Value = serde_json::from_str(text).map_err(|err| {
-            fail(
-                format!("not valid JSON: {err}"),
-                "every line of a JSONL file must be one complete JSON object",
-            )
-        })?;
-        let read = record_from_value(value, text, fields).map_err(|(m, h)| fail(m, &h))?;
-        records.push(source_record(location, read, &mut seen));
     }
     Ok(records)
+}
+
+/// The record of JSONL line `number` (1-based; `None` when blank);
+/// `seen` carries the unused fields already named from one line to the
+/// next.
+pub(crate) fn jsonl_record(
+    path: &Path,
+    number: usize,
+    line: &[u8],
+    fields: &FieldNames,
+    seen: &mut Vec<String>,
+) -> Result<Option<SourceRecord>, DataError> {
+    let location = format!("line {number}");
+    let fail = |message: String, hint: &str| record_error(path, &location, message, hint);
+    let text = std::str::from_utf8(line).map_err(|err| {
+        fail(
+            format!(
+                "not valid UTF-8 (byte {} of the line)",
+                err.valid_up_to() + 1
+            ),
+            "re-encode the file as UTF-8",
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let value: Value = serde_json::from_str(text).map_err(|err| {
+        fail(
+            format!("not valid JSON: {err}"),
+            "every line of a JSONL file must be one complete JSON object",
+        )
+    })?;
+    let read = record_from_value(value, text, fields).map_err(|(m, h)| fail(m, &h))?;
+    Ok(Some(source_record(location, read, seen)))
 }
 
 fn read_json_array(
@@ -434,7 +470,7 @@ fn read_json_array(
         .collect()
 }
 
-fn record_error(path: &Path, location: &str, message: String, hint: &str) -> DataError {
+pub(crate) fn record_error(path: &Path, location: &str, message: String, hint: &str) -> DataError {
     DataError::Record {
         path: PathBuf::from(path),
         location: location.to_owned(),

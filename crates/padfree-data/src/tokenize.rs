@@ -396,35 +396,62 @@ pub fn tokenize_in_parallel(
     threads: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<TokenizedDataset, DataError> {
-    use rayon::prelude::*;
     let total = records.len();
-    let threads = threads.max(1);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
+    let pool = thread_pool(path, threads)?;
+    let mut parts = Vec::with_capacity(total.div_ceil(PROGRESS_EVERY));
+    tokenize_waves(
+        path,
+        records,
+        (tokenizer, config),
+        &pool,
+        &mut |wave, done| {
+            parts.extend(wave);
+            progress(done, total);
+            Ok(())
+        },
+    )?;
+    let mut dataset = finish_parts(path, parts, config)?;
+    dataset.unused_fields = unused_text_fields(records);
+    Ok(dataset)
+}
+
+/// A pool of `threads` threads to tokenize on.
+pub(crate) fn thread_pool(path: &Path, threads: usize) -> Result<rayon::ThreadPool, DataError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
         .thread_name(|i| format!("tokenize-{i}"))
         .build()
         .map_err(|err| DataError::File {
             path: path.to_owned(),
             message: format!("no threads to tokenize on: {err}"),
             hint: "run with fewer threads (RAYON_NUM_THREADS=1)".into(),
-        })?;
-    let mut parts = Vec::with_capacity(total.div_ceil(PROGRESS_EVERY));
+        })
+}
+
+/// Tokenizes `records` in chunks of [`PROGRESS_EVERY`] on `pool`, a wave
+/// of as many chunks as it has threads at a time; `each` gets every wave's
+/// parts in file order and the records done. The first bad record in file
+/// order is the error.
+pub(crate) fn tokenize_waves(
+    path: &Path,
+    records: &[SourceRecord],
+    (tokenizer, config): (Option<&TextTokenizer>, &TokenizeConfig),
+    pool: &rayon::ThreadPool,
+    each: &mut dyn FnMut(Vec<TokenizedPart>, usize) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    use rayon::prelude::*;
     let mut done = 0;
-    for wave in records.chunks(PROGRESS_EVERY * threads) {
+    for wave in records.chunks(PROGRESS_EVERY * pool.current_num_threads()) {
         let results: Vec<Result<TokenizedPart, DataError>> = pool.install(|| {
             wave.par_chunks(PROGRESS_EVERY)
                 .map(|chunk| tokenize_part_with(path, chunk, tokenizer, config, &mut |_| {}))
                 .collect()
         });
-        for result in results {
-            parts.push(result?);
-        }
+        let parts = results.into_iter().collect::<Result<Vec<_>, _>>()?;
         done += wave.len();
-        progress(done, total);
+        each(parts, done)?;
     }
-    let mut dataset = finish_parts(path, parts, config)?;
-    dataset.unused_fields = unused_text_fields(records);
-    Ok(dataset)
+    Ok(())
 }
 
 /// The examples of some of a file's records (a rank's share), before the
@@ -559,48 +586,14 @@ pub fn finish_parts(
     parts: Vec<TokenizedPart>,
     config: &TokenizeConfig,
 ) -> Result<TokenizedDataset, DataError> {
-    let mut report = DataReport {
-        max_seq_len: config.max_seq_len,
-        ..DataReport::default()
-    };
-    let (mut examples, mut locations, mut single_tokens) = (Vec::new(), Vec::new(), 0);
+    let mut tally = Tally::default();
+    let (mut examples, mut locations) = (Vec::new(), Vec::new());
     for part in parts {
-        report.records += part.report.records;
-        report.truncated += part.report.truncated;
-        report.dropped_overlong += part.report.dropped_overlong;
-        report.dropped_no_labels += part.report.dropped_no_labels;
-        report.tokens += part.report.tokens;
-        report.label_tokens += part.report.label_tokens;
-        single_tokens += part.single_tokens;
+        tally.add(&part);
         examples.extend(part.examples);
         locations.extend(part.locations);
     }
-    if examples.is_empty() {
-        return Err(DataError::File {
-            path: path.to_owned(),
-            message: format!("no example left after tokenization ({report})"),
-            hint: if report.dropped_overlong > 0 {
-                "raise --max-seq-len, or keep the first --max-seq-len tokens of longer examples with --overlong truncate".to_owned()
-            } else if single_tokens == report.dropped_no_labels {
-                "every example is a single token: a token is learned from the ones before it, so the first token of an example never carries loss and an example needs at least 2 tokens; join short records or give longer ones".to_owned()
-            } else if report.truncated > 0 {
-                format!(
-                    "cut to --max-seq-len {} tokens, no example keeps a token with loss (prompts are longer than that?): raise --max-seq-len",
-                    config.max_seq_len
-                )
-            } else if config.train_on_inputs {
-                "no record has a token to learn from (every label is -100): check the labels of pre-tokenized records".to_owned()
-            } else {
-                "no record has a token to learn from (every label is -100): check that the completion field is not empty, or pass --train-on-inputs".to_owned()
-            },
-        });
-    }
-    let mut lengths: Vec<usize> = examples.iter().map(Example::len).collect();
-    lengths.sort_unstable();
-    report.examples = examples.len();
-    report.min_len = lengths[0];
-    report.median_len = lengths[lengths.len() / 2];
-    report.max_len = lengths[lengths.len() - 1];
+    let report = tally.finish(path, config)?;
     Ok(TokenizedDataset {
         source: path.to_owned(),
         examples,
@@ -608,6 +601,71 @@ pub fn finish_parts(
         report,
         unused_fields: Vec::new(),
     })
+}
+
+/// The counts of a data set's parts as they come (the examples themselves
+/// may already be on disk): the report once all are in.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    report: DataReport,
+    lengths: Vec<u32>,
+    single_tokens: usize,
+}
+
+impl Tally {
+    /// Counts `part`, the next in file order.
+    pub(crate) fn add(&mut self, part: &TokenizedPart) {
+        let report = &mut self.report;
+        report.records += part.report.records;
+        report.truncated += part.report.truncated;
+        report.dropped_overlong += part.report.dropped_overlong;
+        report.dropped_no_labels += part.report.dropped_no_labels;
+        report.tokens += part.report.tokens;
+        report.label_tokens += part.report.label_tokens;
+        self.single_tokens += part.single_tokens;
+        self.lengths.extend(
+            part.examples
+                .iter()
+                .map(|e| u32::try_from(e.len()).unwrap_or(u32::MAX)),
+        );
+    }
+
+    /// The report over every part; refused when no example is left.
+    pub(crate) fn finish(
+        mut self,
+        path: &Path,
+        config: &TokenizeConfig,
+    ) -> Result<DataReport, DataError> {
+        let mut report = self.report;
+        report.max_seq_len = config.max_seq_len;
+        if self.lengths.is_empty() {
+            return Err(DataError::File {
+                path: path.to_owned(),
+                message: format!("no example left after tokenization ({report})"),
+                hint: if report.dropped_overlong > 0 {
+                    "raise --max-seq-len, or keep the first --max-seq-len tokens of longer examples with --overlong truncate".to_owned()
+                } else if self.single_tokens == report.dropped_no_labels {
+                    "every example is a single token: a token is learned from the ones before it, so the first token of an example never carries loss and an example needs at least 2 tokens; join short records or give longer ones".to_owned()
+                } else if report.truncated > 0 {
+                    format!(
+                        "cut to --max-seq-len {} tokens, no example keeps a token with loss (prompts are longer than that?): raise --max-seq-len",
+                        config.max_seq_len
+                    )
+                } else if config.train_on_inputs {
+                    "no record has a token to learn from (every label is -100): check the labels of pre-tokenized records".to_owned()
+                } else {
+                    "no record has a token to learn from (every label is -100): check that the completion field is not empty, or pass --train-on-inputs".to_owned()
+                },
+            });
+        }
+        let lengths = &mut self.lengths;
+        lengths.sort_unstable();
+        report.examples = lengths.len();
+        report.min_len = lengths[0] as usize;
+        report.median_len = lengths[lengths.len() / 2] as usize;
+        report.max_len = lengths[lengths.len() - 1] as usize;
+        Ok(report)
+    }
 }
 
 const ALPACA_WITH_INPUT: &str = "Below is an instruction that describes a task, paired with an input that provides further context. Write a response that appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n";

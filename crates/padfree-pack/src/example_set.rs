@@ -166,9 +166,9 @@ mod tests {
         assert_eq!(stored_set.len(), 3);
         assert_eq!(stored_set.lengths(), vec![3, 1, 2]);
         assert_eq!(held_set.lengths(), stored_set.lengths());
-        for i in 0..3 {
-            assert_eq!(*stored_set.get(i).expect("reads"), examples[i]);
-            assert_eq!(*held_set.get(i).expect("held"), examples[i]);
+        for (i, example) in examples.iter().enumerate() {
+            assert_eq!(*stored_set.get(i).expect("reads"), *example);
+            assert_eq!(*held_set.get(i).expect("held"), *example);
         }
         assert_eq!(stored_set.into_examples().expect("reads"), examples);
     }

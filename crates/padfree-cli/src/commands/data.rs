@@ -44,15 +44,15 @@ pub(super) fn data_set(
     let ranks = comm.filter(|comm| comm.world_size() > 1);
     if let Some(path) = path {
         exists(flag, path)?;
-        if ranks.is_none() && crate::allocator::is_tuned() {
-            if let Some((dataset, used)) = helper::tokenize(cache, fields, path, tokenizer, config)?
-            {
-                if let Some(used) = used {
-                    say!("data cache: {}: {used}", path.display());
-                }
-                warn_unused_fields(path, &dataset, fields);
-                return Ok((path.to_owned(), dataset));
+        if ranks.is_none()
+            && crate::allocator::is_tuned()
+            && let Some((dataset, used)) = helper::tokenize(cache, fields, path, tokenizer, config)?
+        {
+            if let Some(used) = used {
+                say!("data cache: {}: {used}", path.display());
             }
+            warn_unused_fields(path, &dataset, fields);
+            return Ok((path.to_owned(), dataset));
         }
     }
     let (file, records) = read_data(path, embedded, fields)?;

@@ -308,18 +308,127 @@ pub(super) fn write_entry(
     contents: &Contents<'_>,
     path: &Path,
 ) -> Result<(), String> {
-    let entry = dir.join(key);
-    std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
-    // Unique to this process and call: threads of one process may write
-    // the same entry too.
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let call = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(".tmp-{key}-{}-{call}", std::process::id()));
-    let result = fill(&tmp, key, contents, path).and_then(|()| place(&tmp, &entry, key));
-    if tmp.exists() {
-        let _ = std::fs::remove_dir_all(&tmp);
+    let mut writer = EntryWriter::create(dir, key)?;
+    writer.append(contents.examples, contents.locations)?;
+    writer.finish(
+        EntryTail {
+            report: contents.report.clone(),
+            single_tokens: contents.single_tokens,
+            error: contents.error.clone(),
+            unused_fields: contents.unused_fields.to_vec(),
+        },
+        path,
+    )
+}
+
+/// An entry being written, examples appended as they are made: in a
+/// temporary directory beside the entries until [`EntryWriter::finish`]
+/// renames it into place; dropped unfinished, it is removed.
+pub(super) struct EntryWriter {
+    tmp: Temporary,
+    entry: PathBuf,
+    key: String,
+    // Streamed through one block each, hashed as written: no second copy
+    // of the tokens is held.
+    ids: HashedFile,
+    labels: HashedFile,
+    offsets: HashedFile,
+    end: u64,
+    locations: Vec<String>,
+}
+
+/// A temporary directory, removed when dropped unless renamed away.
+struct Temporary(PathBuf);
+
+impl Drop for Temporary {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
-    result
+}
+
+/// What the manifest says besides the examples.
+pub(super) struct EntryTail {
+    pub(super) report: DataReport,
+    pub(super) single_tokens: usize,
+    pub(super) error: Option<RecordError>,
+    pub(super) unused_fields: Vec<UnusedField>,
+}
+
+impl EntryWriter {
+    /// A new temporary for the entry `key` of `dir`.
+    pub(super) fn create(dir: &Path, key: &str) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
+        // Unique to this process and call: threads of one process may write
+        // the same entry too.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let call = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".tmp-{key}-{}-{call}", std::process::id()));
+        std::fs::create_dir(&tmp).map_err(|err| format!("{}: {err}", tmp.display()))?;
+        let tmp = Temporary(tmp);
+        let mut offsets = HashedFile::create(&tmp.0.join(OFFSETS))?;
+        offsets.put(&0u64.to_le_bytes())?;
+        Ok(Self {
+            entry: dir.join(key),
+            key: key.to_owned(),
+            ids: HashedFile::create(&tmp.0.join(IDS))?,
+            labels: HashedFile::create(&tmp.0.join(LABELS))?,
+            offsets,
+            tmp,
+            end: 0,
+            locations: Vec::new(),
+        })
+    }
+
+    /// Appends `examples`, the next in file order, found at `locations`.
+    pub(super) fn append(
+        &mut self,
+        examples: &[Example],
+        locations: &[String],
+    ) -> Result<(), String> {
+        for example in examples {
+            for id in example.input_ids() {
+                self.ids.put(&id.to_le_bytes())?;
+            }
+            for &label in example.labels() {
+                let label = i32::try_from(label)
+                    .map_err(|_| format!("label {label} does not fit 32 bits"))?;
+                self.labels.put(&label.to_le_bytes())?;
+            }
+            self.end += example.len() as u64;
+            self.offsets.put(&self.end.to_le_bytes())?;
+        }
+        self.locations.extend_from_slice(locations);
+        Ok(())
+    }
+
+    /// Writes the manifest and renames the whole entry into place.
+    pub(super) fn finish(self, tail: EntryTail, path: &Path) -> Result<(), String> {
+        let manifest = Manifest {
+            format: FORMAT.to_owned(),
+            key: self.key.clone(),
+            built_from: path.display().to_string(),
+            examples: self.locations.len(),
+            tokens: self.end as usize,
+            report: tail.report,
+            locations: self.locations,
+            checksums: Checksums {
+                ids: self.ids.finish()?,
+                labels: self.labels.finish()?,
+                offsets: self.offsets.finish()?,
+            },
+            single_tokens: tail.single_tokens,
+            error: tail.error,
+            unused_fields: tail.unused_fields,
+        };
+        let manifest = serde_json::to_vec(&manifest).map_err(|err| err.to_string())?;
+        // The manifest last: a reader of a whole entry finds it whole.
+        let mut file = HashedFile::create(&self.tmp.0.join(MANIFEST))?;
+        file.put(&manifest)?;
+        file.finish()?;
+        place(&self.tmp.0, &self.entry, &self.key)
+    }
 }
 
 /// Renames the whole temporary `tmp` to `entry`. An entry already there is
@@ -381,52 +490,6 @@ pub(super) fn share(part: &Result<TokenizedPart, RecordError>) -> Contents<'_> {
             error: Some(error.clone()),
         },
     }
-}
-
-fn fill(tmp: &Path, key: &str, dataset: &Contents<'_>, path: &Path) -> Result<(), String> {
-    std::fs::create_dir(tmp).map_err(|err| format!("{}: {err}", tmp.display()))?;
-    // Streamed through one block each, hashed as written: a cold start
-    // holds no second copy of the tokens.
-    let mut ids = HashedFile::create(&tmp.join(IDS))?;
-    let mut labels = HashedFile::create(&tmp.join(LABELS))?;
-    let mut offsets = HashedFile::create(&tmp.join(OFFSETS))?;
-    offsets.put(&0u64.to_le_bytes())?;
-    let mut end = 0u64;
-    for example in dataset.examples {
-        for id in example.input_ids() {
-            ids.put(&id.to_le_bytes())?;
-        }
-        for &label in example.labels() {
-            let label =
-                i32::try_from(label).map_err(|_| format!("label {label} does not fit 32 bits"))?;
-            labels.put(&label.to_le_bytes())?;
-        }
-        end += example.len() as u64;
-        offsets.put(&end.to_le_bytes())?;
-    }
-    let manifest = Manifest {
-        format: FORMAT.to_owned(),
-        key: key.to_owned(),
-        built_from: path.display().to_string(),
-        examples: dataset.examples.len(),
-        tokens: end as usize,
-        report: dataset.report.clone(),
-        locations: dataset.locations.to_vec(),
-        checksums: Checksums {
-            ids: ids.finish()?,
-            labels: labels.finish()?,
-            offsets: offsets.finish()?,
-        },
-        single_tokens: dataset.single_tokens,
-        error: dataset.error.clone(),
-        unused_fields: dataset.unused_fields.to_vec(),
-    };
-    let manifest = serde_json::to_vec(&manifest).map_err(|err| err.to_string())?;
-    // The manifest last: a reader of a whole entry finds it whole.
-    let mut file = HashedFile::create(&tmp.join(MANIFEST))?;
-    file.put(&manifest)?;
-    file.finish()?;
-    Ok(())
 }
 
 /// A file written in blocks and hashed as [`content_fingerprint`] hashes

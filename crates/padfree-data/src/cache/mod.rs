@@ -26,6 +26,7 @@
 //! Reading the records (JSON parsing) still happens on every start: the
 //! cache saves the tokenization, which is most of a cold start.
 
+mod build;
 mod entry;
 mod key;
 mod shared;
@@ -34,6 +35,7 @@ use std::path::{Path, PathBuf};
 
 use padfree_pack::ExampleSet;
 
+pub use self::build::CHUNK_RECORDS;
 pub use self::entry::CacheUse;
 use self::entry::{open_entry, read_entry, whole, write_entry};
 pub use self::key::{

@@ -7,8 +7,11 @@
 //! process that must tokenize a data file starts `padfree tokenize-helper`
 //! without the tuning (malloc as the user has it: an arena per thread),
 //! hands it the job on standard input (the file, field names, tokenizer
-//! files, settings and a cache directory) and reads the examples back from
-//! the cache entry the helper writes: the cache is the hand-over. Without
+//! files, settings and a cache directory) and reads the examples from the
+//! cache entry the helper writes (a step's at a time): the cache is the
+//! hand-over. The helper reads the records a chunk at a time and appends
+//! each chunk's examples to the entry (`DataCache::build`): neither process
+//! holds the data set. Without
 //! `--no-data-cache` that is the user's cache; with it, a temporary
 //! directory removed once read.
 //!
@@ -22,8 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use padfree_data::{
-    CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Lookup, TextTokenizer, TokenizeConfig,
-    cache_key, data_fingerprint, read_records,
+    CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Lookup, ReadProgress, TextTokenizer,
+    TokenizeConfig, cache_key, data_fingerprint,
 };
 use serde::{Deserialize, Serialize};
 
@@ -219,7 +222,6 @@ fn serve() -> anyhow::Result<Reply> {
     std::io::stdin().read_to_string(&mut input)?;
     let job: Job = serde_json::from_str(&input)
         .map_err(|err| anyhow::anyhow!("{SUBCOMMAND} takes the job padfree writes on its standard input: {err}\nHINT: this command is padfree's own; run `padfree train` or `padfree pack`"))?;
-    let records = read_records(&job.file, &job.fields)?;
     let tokenizer = job
         .tokenizer
         .map(|files| {
@@ -238,14 +240,22 @@ fn serve() -> anyhow::Result<Reply> {
     };
     let threads = rayon::current_num_threads();
     let cache = DataCache::new(&job.cache_dir).with_threads(threads);
-    let bar = super::records_bar(&job.file, records.len());
-    let mut progress = |done: usize, total: usize| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
+    // The records are read as they are tokenized: their count is known at
+    // the end; the bar's length is estimated from how far through the
+    // file the reading is.
+    let bar = super::records_bar(&job.file, 0);
+    let mut progress = |read: ReadProgress| {
+        let estimate = if read.fraction > 0.0 {
+            (read.records as f64 / read.fraction).round() as u64
+        } else {
+            0
+        };
+        bar.set_length(estimate.max(read.records as u64));
+        bar.set_position(read.records as u64);
     };
-    let result = cache.tokenize(&job.file, &records, &parts, &mut progress);
+    let used = cache.build(&job.file, &parts, &mut progress);
     bar.finish_and_clear();
-    let (_, used) = result?;
+    let used = used?;
     Ok(match used {
         CacheUse::NotWritten(_, why) => Reply::NotWritten(why),
         used => Reply::Written {

@@ -1,0 +1,216 @@
+//! A cold start that holds one chunk of records: the records read a chunk
+//! at a time are those read whole, with the same errors; an entry built
+//! chunk by chunk holds the examples of a fresh tokenization, and one
+//! opened reads them back a step at a time.
+
+use std::path::{Path, PathBuf};
+
+use padfree_data::{
+    CacheKeyParts, CacheUse, DataCache, FieldNames, Lookup, Overlong, SourceRecord, TextTokenizer,
+    TokenizeConfig, file_fingerprint, for_each_record_chunk, read_records, tokenize_records,
+};
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+fn chunked(path: &Path, chunk: usize) -> Result<Vec<SourceRecord>, String> {
+    let mut all = Vec::new();
+    let mut last = 0.0;
+    let count = for_each_record_chunk(path, &FieldNames::default(), chunk, &mut |records, read| {
+        assert!(!records.is_empty() && records.len() <= chunk);
+        assert!(read.fraction >= last && read.fraction <= 1.0, "{read:?}");
+        last = read.fraction;
+        all.extend(records);
+        assert_eq!(read.records, all.len());
+        Ok(())
+    })
+    .map_err(|err| err.to_string())?;
+    assert_eq!(count, all.len());
+    Ok(all)
+}
+
+fn whole(path: &Path) -> Result<Vec<SourceRecord>, String> {
+    read_records(path, &FieldNames::default()).map_err(|err| err.to_string())
+}
+
+#[test]
+fn chunks_hold_the_records_of_the_whole_file_and_its_errors() {
+    let dir = tempfile::tempdir().expect("scratch");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    };
+    let shipped = std::fs::read_to_string(repo("data/gsm-symbolic/train.jsonl")).expect("data");
+    let some: Vec<&str> = shipped.lines().take(25).collect();
+    let jsonl = format!(
+        "\u{feff}{}\n\n{}\r\n{{\"note\": \"a note here\", {}\n",
+        some[..10].join("\n"),
+        some[10..20].join("\n"),
+        &some[20][1..]
+    );
+    let files = [
+        write("a.jsonl", &jsonl),
+        write("b.json", &format!("  [{}]", some[..9].join(","))),
+        repo("fixtures/data/columnar/gsm40.parquet"),
+        repo("fixtures/data/columnar/gsm40-shards"),
+        repo("fixtures/data/columnar/gsm40-hf"),
+    ];
+    for path in &files {
+        let expected = whole(path).expect("reads");
+        for chunk in [1, 3, 7, 1000] {
+            assert_eq!(
+                chunked(path, chunk).expect("reads"),
+                expected,
+                "{path:?} by {chunk}"
+            );
+        }
+    }
+    let bad = [
+        write(
+            "bad-json.jsonl",
+            &format!("{}\n{}\n{{oops\n{}\n", some[0], some[1], some[2]),
+        ),
+        write(
+            "bad-shape.jsonl",
+            &format!("{}\n\n{{\"question\": 3}}\n", some[0]),
+        ),
+        write("empty.jsonl", "\n\n"),
+        write("utf8.jsonl", &format!("{}\n", some[0])),
+    ];
+    let mut bytes = std::fs::read(&bad[3]).expect("read");
+    bytes.extend_from_slice(b"{\"text\": \"\xff\xfe\"}\n");
+    std::fs::write(&bad[3], bytes).expect("write");
+    for path in &bad {
+        let expected = whole(path).expect_err("refused");
+        assert_eq!(chunked(path, 2).expect_err("refused"), expected, "{path:?}");
+    }
+}
+
+fn config() -> TokenizeConfig {
+    TokenizeConfig {
+        train_on_inputs: false,
+        use_chat_template: false,
+        max_seq_len: 120,
+        overlong: Overlong::Drop,
+        vocab_limit: 4096,
+    }
+}
+
+#[test]
+fn an_entry_built_chunk_by_chunk_holds_a_fresh_tokenization() {
+    let dir = tempfile::tempdir().expect("scratch");
+    let tokenizer = TextTokenizer::from_file(&repo("data/gsm-symbolic/tokenizer.json"))
+        .expect("the shipped tokenizer");
+    let shipped = std::fs::read_to_string(repo("data/gsm-symbolic/train.jsonl")).expect("data");
+    let mut text: String = shipped
+        .lines()
+        .take(300)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    text.push_str("{\"question\": \"1 + 1?\", \"answer\": \"2\", \"note\": \"an easy one\"}\n");
+    let data = dir.path().join("d.jsonl");
+    std::fs::write(&data, &text).expect("write");
+    let fields = FieldNames::default();
+    let config = config();
+    let parts = CacheKeyParts {
+        content: file_fingerprint(&data).expect("fingerprint"),
+        fields: &fields,
+        tokenizer: Some(&tokenizer),
+        config: &config,
+    };
+    let fresh = tokenize_records(&data, &whole_records(&data), Some(&tokenizer), &config)
+        .expect("tokenizes");
+    assert!(fresh.report.dropped_overlong > 0 && fresh.unused_fields.len() == 1);
+    let cache = DataCache::new(dir.path().join("cache")).with_threads(2);
+    let mut heard = 0;
+    let used = cache
+        .build_in_chunks(&data, &parts, 7, &mut |read| heard = read.records)
+        .expect("builds");
+    assert!(matches!(used, CacheUse::Built(_)), "{used:?}");
+    assert_eq!(heard, 301);
+    let Lookup::Hit(read, _) = cache.look_up(&data, &parts).expect("reads") else {
+        panic!("the entry is not whole")
+    };
+    assert_eq!(read.examples, fresh.examples);
+    assert_eq!(read.locations, fresh.locations);
+    assert_eq!(read.report, fresh.report);
+    assert_eq!(read.unused_fields, fresh.unused_fields);
+    let Lookup::Hit(opened, entry) = cache.open(&data, &parts).expect("opens") else {
+        panic!("the entry does not open")
+    };
+    assert!(opened.examples.is_stored());
+    assert_eq!(
+        opened.examples.lengths(),
+        read.examples.iter().map(|e| e.len()).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        opened.examples.clone().into_examples().expect("reads"),
+        fresh.examples
+    );
+    assert_eq!(
+        (&opened.locations, &opened.report),
+        (&fresh.locations, &fresh.report)
+    );
+    // Built again: the whole entry is kept.
+    let again = cache.build(&data, &parts, &mut |_| {}).expect("builds");
+    assert!(matches!(again, CacheUse::Reused(_)), "{again:?}");
+    // Damaged: not opened, and rebuilt.
+    let ids = entry.join("ids.u32");
+    let mut bytes = std::fs::read(&ids).expect("ids");
+    bytes[100] ^= 1;
+    std::fs::write(&ids, bytes).expect("damage");
+    assert!(matches!(
+        cache.open(&data, &parts).expect("looks"),
+        Lookup::Broken(_)
+    ));
+    let rebuilt = cache
+        .build_in_chunks(&data, &parts, 50, &mut |_| {})
+        .expect("builds");
+    assert!(matches!(rebuilt, CacheUse::Rebuilt(..)), "{rebuilt:?}");
+    let Lookup::Hit(opened, _) = cache.open(&data, &parts).expect("opens") else {
+        panic!("the rebuilt entry does not open")
+    };
+    assert_eq!(
+        opened.examples.into_examples().expect("reads"),
+        fresh.examples
+    );
+}
+
+fn whole_records(path: &Path) -> Vec<SourceRecord> {
+    read_records(path, &FieldNames::default()).expect("reads")
+}
+
+#[test]
+fn a_bad_record_in_a_later_chunk_leaves_no_entry() {
+    let dir = tempfile::tempdir().expect("scratch");
+    let tokenizer = TextTokenizer::from_file(&repo("data/gsm-symbolic/tokenizer.json"))
+        .expect("the shipped tokenizer");
+    let shipped = std::fs::read_to_string(repo("data/gsm-symbolic/train.jsonl")).expect("data");
+    let mut text: String = shipped.lines().take(40).map(|l| format!("{l}\n")).collect();
+    text.push_str("{\"input_ids\": [1, 9999]}\n");
+    text.push_str(shipped.lines().next().expect("a line"));
+    let data = dir.path().join("d.jsonl");
+    std::fs::write(&data, &text).expect("write");
+    let (fields, config) = (FieldNames::default(), config());
+    let parts = CacheKeyParts {
+        content: file_fingerprint(&data).expect("fingerprint"),
+        fields: &fields,
+        tokenizer: Some(&tokenizer),
+        config: &config,
+    };
+    let cache_dir = dir.path().join("cache");
+    let cache = DataCache::new(&cache_dir).with_threads(2);
+    let err = cache
+        .build_in_chunks(&data, &parts, 8, &mut |_| {})
+        .expect_err("refused");
+    let fresh = tokenize_records(&data, &whole_records(&data), Some(&tokenizer), &config)
+        .expect_err("refused");
+    assert_eq!(err.to_string(), fresh.to_string());
+    assert!(err.to_string().contains("line 41"), "{err}");
+    let left = std::fs::read_dir(&cache_dir).map_or(0, |d| d.count());
+    assert_eq!(left, 0, "nothing is left in the cache");
+}
