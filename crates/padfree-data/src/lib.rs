@@ -15,7 +15,11 @@
 //!    `max_seq_len` policy applied and counted in a [`DataReport`].
 //! 4. [`DataCache`]: the tokenized examples kept on disk, keyed by the
 //!    data's bytes, the tokenizer and every setting that shapes them, so the
-//!    next start reads them back instead of tokenizing (`cache.rs`).
+//!    next start reads them back instead of tokenizing (`cache/`); a cold
+//!    start streams into it ([`DataCache::build`]: records a chunk at a time,
+//!    `stream.rs`, tokenized on every core, [`tokenize_in_parallel`]), and a
+//!    run reads its examples from it a step at a time ([`DataSet`],
+//!    `dataset.rs`).
 
 mod cache;
 mod columnar;
@@ -29,7 +33,7 @@ mod tokenize;
 
 pub use cache::{
     CHUNK_RECORDS, CacheKeyParts, CacheUse, DataCache, FORMAT as CACHE_FORMAT, Fingerprint, Lookup,
-    Ranks, cache_key, content_fingerprint, data_fingerprint, file_fingerprint,
+    Ranks, ShareWriter, cache_key, content_fingerprint, data_fingerprint, file_fingerprint,
 };
 pub use dataset::DataSet;
 pub use error::DataError;

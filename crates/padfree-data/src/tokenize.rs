@@ -457,7 +457,7 @@ pub(crate) fn tokenize_waves(
 /// The examples of some of a file's records (a rank's share), before the
 /// whole set is known ([`tokenize_part_with`]): [`finish_parts`] joins the
 /// parts in file order.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TokenizedPart {
     /// One per kept record, in file order.
     pub examples: Vec<Example>,
@@ -468,6 +468,22 @@ pub struct TokenizedPart {
     /// Examples dropped for having one token: nothing precedes it to
     /// predict it from.
     pub single_tokens: usize,
+}
+
+impl TokenizedPart {
+    /// Adds `next`, the part after this one in file order.
+    pub fn append(&mut self, next: TokenizedPart) {
+        self.examples.extend(next.examples);
+        self.locations.extend(next.locations);
+        let (report, more) = (&mut self.report, next.report);
+        report.records += more.records;
+        report.truncated += more.truncated;
+        report.dropped_overlong += more.dropped_overlong;
+        report.dropped_no_labels += more.dropped_no_labels;
+        report.tokens += more.tokens;
+        report.label_tokens += more.label_tokens;
+        self.single_tokens += next.single_tokens;
+    }
 }
 
 /// Records between two calls of a progress hook.

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use padfree_data::{
-    CacheKeyParts, CacheUse, DataCache, DataError, FieldNames, Overlong, Ranks, SourceRecord,
-    TextTokenizer, TokenizeConfig, TokenizedDataset, cache_key, content_fingerprint,
+    CacheKeyParts, CacheUse, DataCache, DataError, FieldNames, Overlong, Ranks, ShareWriter,
+    SourceRecord, TextTokenizer, TokenizeConfig, TokenizedDataset, cache_key, content_fingerprint,
     file_fingerprint, read_records_from_str, tokenize_records,
 };
 
@@ -393,6 +393,26 @@ fn on_ranks(
     text: &str,
     dirs: impl Fn(usize) -> PathBuf + Sync,
 ) -> Vec<Result<(TokenizedDataset, CacheUse), DataError>> {
+    on_ranks_writing(world, text, dirs, Writer::Rank)
+}
+
+/// Who writes a rank's share.
+#[derive(Clone, Copy)]
+enum Writer {
+    /// The rank, on its thread.
+    Rank,
+    /// "Another process" (here a call) on 2 threads, as padfree's helper.
+    Helper,
+    /// A writer that fails: the rank writes it.
+    Failing,
+}
+
+fn on_ranks_writing(
+    world: usize,
+    text: &str,
+    dirs: impl Fn(usize) -> PathBuf + Sync,
+    writer: Writer,
+) -> Vec<Result<(TokenizedDataset, CacheUse), DataError>> {
     let (tokenizer, config) = (tokenizer(), config());
     let fields = FieldNames::default();
     let parts = CacheKeyParts {
@@ -415,11 +435,25 @@ fn on_ranks(
                 };
                 let (dirs, records, parts) = (&dirs, &records, &parts);
                 scope.spawn(move || {
+                    let helper = |range: std::ops::Range<usize>, key: &str| match writer {
+                        Writer::Failing => Err("no helper here".to_owned()),
+                        _ => DataCache::new(dirs(rank)).with_threads(2).write_share(
+                            Path::new("d.jsonl"),
+                            &records[range],
+                            parts,
+                            key,
+                            &mut |_| {},
+                        ),
+                    };
+                    let share_writer: Option<&ShareWriter<'_>> = match writer {
+                        Writer::Rank => None,
+                        _ => Some(&helper),
+                    };
                     DataCache::new(dirs(rank)).tokenize_on_ranks(
                         Path::new("d.jsonl"),
                         records,
                         parts,
-                        &ranks,
+                        (&ranks, share_writer),
                         &mut |_, _| {},
                     )
                 })
@@ -463,6 +497,38 @@ fn ranks_tokenize_their_shares_and_join_them_in_file_order() {
     let (alone, used) = run(&DataCache::new(dir.path()), &text, &tokenizer, &config);
     assert!(matches!(used, CacheUse::Reused(_)), "{used:?}");
     same(&alone, &fresh);
+}
+
+/// A rank's share written by a helper on 2 threads (padfree's
+/// `tokenize-helper` under `mpirun`) joins as the rank's own would; a
+/// helper that fails leaves the share to the rank.
+#[test]
+fn a_share_written_by_a_helper_joins_as_the_ranks_own() {
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let fresh = fresh(&text, &tokenizer, &config);
+    for writer in [Writer::Helper, Writer::Failing] {
+        let dir = scratch();
+        for result in on_ranks_writing(3, &text, |_| dir.path().to_owned(), writer) {
+            let (dataset, used) = result.expect("tokenizes");
+            same(&dataset, &fresh);
+            assert!(matches!(used, CacheUse::Shared(..)), "{used:?}");
+        }
+        let left = std::fs::read_dir(dir.path()).expect("the cache").count();
+        assert_eq!(left, 1, "the entry alone, no shares");
+    }
+    // A bad record in a helper's share is every rank's error.
+    let mut lines: Vec<String> = data().lines().map(str::to_owned).collect();
+    lines[250] = "{\"input_ids\": [1, 99999]}".to_owned();
+    let dir = scratch();
+    for result in on_ranks_writing(
+        3,
+        &lines.join("\n"),
+        |_| dir.path().to_owned(),
+        Writer::Helper,
+    ) {
+        let err = result.expect_err("refused").to_string();
+        assert!(err.contains("line 251"), "{err}");
+    }
 }
 
 #[test]

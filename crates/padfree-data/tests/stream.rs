@@ -143,6 +143,16 @@ fn an_entry_built_chunk_by_chunk_holds_a_fresh_tokenization() {
         panic!("the entry does not open")
     };
     assert!(opened.examples.is_stored());
+    // Counted while the entry was checked: what holding them would give.
+    let held = padfree_pack::ExampleSet::from(fresh.examples.clone());
+    assert_eq!(
+        opened.examples.fingerprint().expect("counted"),
+        held.fingerprint().expect("held")
+    );
+    assert_eq!(
+        opened.examples.loss_tokens().expect("counted"),
+        held.loss_tokens().expect("held")
+    );
     assert_eq!(
         opened.examples.lengths(),
         read.examples.iter().map(|e| e.len()).collect::<Vec<_>>()

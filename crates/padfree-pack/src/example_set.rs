@@ -22,6 +22,55 @@ pub trait TokenSource: Send + Sync + fmt::Debug {
 #[derive(Debug, Clone)]
 pub struct ExampleSet {
     store: Store,
+    /// What the one who stored the examples counted while checking them,
+    /// so a run does not read every example again for it.
+    known: Option<Arc<Known>>,
+}
+
+/// Counts over a stored set, made by whoever read it whole.
+#[derive(Debug)]
+struct Known {
+    fingerprint: u64,
+    loss_tokens: Vec<u32>,
+}
+
+/// FNV-1a over examples (each one's length, ids and labels, as 8-byte
+/// little-endian words): the data a resumed run checks it trains on. The
+/// same examples give the same fingerprint, held or stored.
+#[derive(Debug, Clone)]
+pub struct Fingerprint(u64);
+
+impl Default for Fingerprint {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fingerprint {
+    fn eat(&mut self, value: u64) {
+        for byte in value.to_le_bytes() {
+            self.0 ^= u64::from(byte);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    /// Adds `example`, the next one.
+    pub fn add(&mut self, example: &Example) {
+        self.eat(example.len() as u64);
+        example
+            .input_ids()
+            .iter()
+            .for_each(|&id| self.eat(u64::from(id)));
+        example
+            .labels()
+            .iter()
+            .for_each(|&label| self.eat(label as u64));
+    }
+
+    /// The fingerprint of the examples added.
+    pub fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -38,6 +87,7 @@ impl From<Vec<Example>> for ExampleSet {
     fn from(examples: Vec<Example>) -> Self {
         Self {
             store: Store::Held(examples),
+            known: None,
         }
     }
 }
@@ -58,7 +108,44 @@ impl ExampleSet {
                 offsets: offsets.into(),
                 source,
             },
+            known: None,
         })
+    }
+
+    /// The set with its [`Fingerprint`] and every example's loss tokens
+    /// ([`Example::num_loss_tokens`]), as counted by whoever read it whole
+    /// (a cache entry is checked example by example when opened); ignored
+    /// unless there is a count per example.
+    pub fn with_counts(mut self, fingerprint: u64, loss_tokens: Vec<u32>) -> Self {
+        if loss_tokens.len() == self.len() {
+            self.known = Some(Arc::new(Known {
+                fingerprint,
+                loss_tokens,
+            }));
+        }
+        self
+    }
+
+    /// The [`Fingerprint`] of every example, in order.
+    pub fn fingerprint(&self) -> Result<u64, PackError> {
+        if let Some(known) = &self.known {
+            return Ok(known.fingerprint);
+        }
+        let mut hash = Fingerprint::default();
+        for example in self.iter() {
+            hash.add(&*example?);
+        }
+        Ok(hash.finish())
+    }
+
+    /// Every example's loss tokens ([`Example::num_loss_tokens`]), in order.
+    pub fn loss_tokens(&self) -> Result<Vec<usize>, PackError> {
+        if let Some(known) = &self.known {
+            return Ok(known.loss_tokens.iter().map(|&n| n as usize).collect());
+        }
+        self.iter()
+            .map(|e| e.map(|e| e.num_loss_tokens()))
+            .collect()
     }
 
     /// Number of examples.
@@ -170,6 +257,15 @@ mod tests {
             assert_eq!(*stored_set.get(i).expect("reads"), *example);
             assert_eq!(*held_set.get(i).expect("held"), *example);
         }
+        assert_eq!(held_set.fingerprint().ok(), stored_set.fingerprint().ok());
+        let counts = vec![2, 0, 0];
+        assert_eq!(held_set.loss_tokens().expect("held"), counts);
+        assert_eq!(stored_set.loss_tokens().expect("reads"), counts);
+        let told = stored_set.clone().with_counts(7, vec![9, 9, 9]);
+        assert_eq!(told.fingerprint().ok(), Some(7), "told counts are used");
+        assert_eq!(told.loss_tokens().expect("told"), vec![9, 9, 9]);
+        let short = stored_set.clone().with_counts(7, vec![9]);
+        assert_eq!(short.fingerprint().ok(), held_set.fingerprint().ok());
         assert_eq!(stored_set.into_examples().expect("reads"), examples);
     }
 

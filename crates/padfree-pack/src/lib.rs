@@ -3,7 +3,9 @@
 //! The tensor-free core of padding-free training: everything that happens to a
 //! batch before it meets a tensor.
 //!
-//! * [`Example`]: one tokenized training example, validated on construction.
+//! * [`Example`]: one tokenized training example, validated on construction;
+//!   [`ExampleSet`]: a data set's examples, held or read a step at a time
+//!   from a [`TokenSource`] (a tokenized-data cache entry's files).
 //! * [`flatten`]: the padding-free collator. It concatenates a batch into one
 //!   row with `position_ids` restarting at 0, ignores the first label of every
 //!   example, and computes the boundary metadata ([`BatchMeta`]) **once**.
@@ -61,7 +63,7 @@ pub use budget::{BudgetKind, batch_by_token_budget};
 pub use distribute::{Balance, Distribution, distribute, distribute_steps};
 pub use error::{ExampleError, PackError};
 pub use example::{Example, IGNORE_INDEX, examples_from_raw};
-pub use example_set::{ExampleSet, TokenSource};
+pub use example_set::{ExampleSet, Fingerprint, TokenSource};
 pub use flatten::{PackedBatch, flatten};
 pub use meta::BatchMeta;
 pub use pad::{PaddedBatch, pad};

@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
-    CacheKeyParts, DataCache, DataSet, FieldNames, Fingerprint, Ranks, SourceRecord, TextTokenizer,
-    TokenizeConfig, TokenizedDataset, UnusedField, content_fingerprint, data_fingerprint,
-    read_records, read_records_from_str, tokenize_in_parallel,
+    CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Fingerprint, Lookup, Ranks,
+    ShareWriter, SourceRecord, TextTokenizer, TokenizeConfig, TokenizedDataset, UnusedField,
+    content_fingerprint, data_fingerprint, read_records, read_records_from_str,
+    tokenize_in_parallel,
 };
 use padfree_train::Communicator;
 
@@ -33,7 +34,9 @@ pub(super) const EMBEDDED_EVAL_DATA: &str =
 /// A data file in one process whose malloc is tuned for training goes to
 /// the helper (`data/helper.rs`), which reads and tokenizes it on every
 /// core; this process reads no record, only the cache entry. Under
-/// `mpirun` the ranks share the work instead, one thread each.
+/// `mpirun` ranks that all find the entry read it the same way; else they
+/// share the work, each rank's share tokenized by a helper on the rank's
+/// cores.
 pub(super) fn data_set(
     (flag, path, embedded): (&str, Option<&Path>, (&str, &str)),
     (cache, fields): (Option<&DataCache>, &FieldNames),
@@ -53,6 +56,31 @@ pub(super) fn data_set(
             }
             warn_unused_fields(path, &dataset, fields);
             return Ok((path.to_owned(), dataset));
+        }
+        // Ranks that all find the entry read their examples from it, no
+        // record read.
+        if let (Some(comm), Some(cache)) = (ranks, cache) {
+            let parts = CacheKeyParts {
+                content: data_fingerprint(path)?,
+                fields,
+                tokenizer,
+                config,
+            };
+            let opened = cache.open(path, &parts)?;
+            let every = CommRanks(comm)
+                .all(matches!(opened, Lookup::Hit(..)))
+                .map_err(|err| {
+                    anyhow::anyhow!("the ranks could not share the data cache: {err}")
+                })?;
+            if every && let Lookup::Hit(dataset, entry) = opened {
+                say!(
+                    "data cache: {}: {}",
+                    path.display(),
+                    CacheUse::Reused(entry)
+                );
+                warn_unused_fields(path, &dataset, fields);
+                return Ok((path.to_owned(), dataset));
+            }
         }
     }
     let (file, records) = read_data(path, embedded, fields)?;
@@ -109,10 +137,21 @@ fn tokenize_data(
         tokenizer,
         config,
     };
+    // A rank of a tuned job has a helper tokenize its share on every core
+    // it has (`data/helper.rs`).
+    let writer = |range: std::ops::Range<usize>, share_key: &str| {
+        helper::write_share((&cache, fields), file, tokenizer, config, range, share_key)
+    };
+    let share_writer: Option<&ShareWriter<'_>> =
+        (embedded.is_none() && crate::allocator::is_tuned()).then_some(&writer);
     let result = match ranks {
-        Some(comm) => {
-            cache.tokenize_on_ranks(file, records, &parts, &CommRanks(comm), &mut progress)
-        }
+        Some(comm) => cache.tokenize_on_ranks(
+            file,
+            records,
+            &parts,
+            (&CommRanks(comm), share_writer),
+            &mut progress,
+        ),
         None => cache.tokenize(file, records, &parts, &mut progress),
     };
     bar.finish_and_clear();

@@ -157,11 +157,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             );
         }
     }
-    let label_counts: Vec<usize> = dataset
-        .examples
-        .iter()
-        .map(|e| e.map(|e| e.num_loss_tokens()))
-        .collect::<Result<_, _>>()?;
+    let label_counts = dataset.examples.loss_tokens()?;
     let (source, locations) = (dataset.source, dataset.locations);
     // The merged model (--merge-adapter) gets the tokenizer files too.
     let merge_artifacts = job.merge_adapter.then(|| artifacts.clone());

@@ -133,17 +133,37 @@ pub(super) fn read_entry(entry: &Path, key: &str) -> Result<Entry, String> {
     Ok(walked.into_entry(examples))
 }
 
+/// An entry opened: its examples are read from its files when asked for.
+pub(super) struct Opened {
+    pub(super) offsets: Vec<u64>,
+    pub(super) entry: Entry,
+    pub(super) tokens: EntryTokens,
+    /// The examples' fingerprint and loss tokens, counted while checked.
+    pub(super) fingerprint: u64,
+    pub(super) loss_tokens: Vec<u32>,
+}
+
 /// The entry's examples read from its files when asked for (a step's at a
 /// time), after the same checks as [`read_entry`]: nothing of the tokens is
-/// held but the offsets.
-pub(super) fn open_entry(
-    entry: &Path,
-    key: &str,
-) -> Result<(Vec<u64>, Entry, EntryTokens), String> {
-    let mut walked = walk_entry(entry, key, &mut |_| Ok(()))?;
+/// held but the offsets, and what the run asks of every example (its
+/// fingerprint, loss tokens) is counted during the check.
+pub(super) fn open_entry(entry: &Path, key: &str) -> Result<Opened, String> {
+    let mut fingerprint = padfree_pack::Fingerprint::default();
+    let mut loss_tokens = Vec::new();
+    let mut walked = walk_entry(entry, key, &mut |example| {
+        fingerprint.add(&example);
+        loss_tokens.push(u32::try_from(example.num_loss_tokens()).unwrap_or(u32::MAX));
+        Ok(())
+    })?;
     let tokens = EntryTokens::open(entry)?;
     let offsets = std::mem::take(&mut walked.offsets);
-    Ok((offsets, walked.into_entry(Vec::new()), tokens))
+    Ok(Opened {
+        offsets,
+        entry: walked.into_entry(Vec::new()),
+        tokens,
+        fingerprint: fingerprint.finish(),
+        loss_tokens,
+    })
 }
 
 /// An entry's `ids.u32` and `labels.i32`, read a range at a time.

@@ -23,8 +23,14 @@
 //! second run) sees a whole entry or none; when two build the same entry
 //! at once, the first rename wins and the other keeps its own result.
 //!
-//! Reading the records (JSON parsing) still happens on every start: the
-//! cache saves the tokenization, which is most of a cold start.
+//! Three ways in: [`DataCache::tokenize`] tokenizes records already read
+//! (or reads the entry back whole); [`DataCache::build`] (`build.rs`) reads
+//! the data file a chunk of records at a time and appends each chunk's
+//! examples to the new entry, holding neither the records nor the
+//! examples; [`DataCache::open`] checks a whole entry and hands out a
+//! [`DataSet`] whose examples are read from the entry's files a step at a
+//! time. `dataset.json` keeps the unused-field warnings too, so a start
+//! that reads the entry reads no record.
 
 mod build;
 mod entry;
@@ -42,7 +48,7 @@ pub use self::key::{
     CacheKeyParts, FORMAT, Fingerprint, cache_key, content_fingerprint, data_fingerprint,
     file_fingerprint,
 };
-pub use self::shared::Ranks;
+pub use self::shared::{Ranks, ShareWriter};
 use crate::dataset::DataSet;
 use crate::error::DataError;
 use crate::records::SourceRecord;
@@ -185,14 +191,16 @@ impl DataCache {
         if !entry.exists() {
             return Ok(Lookup::Miss);
         }
-        let (offsets, read, tokens) = match open_entry(&entry, &key) {
+        let opened = match open_entry(&entry, &key) {
             Ok(opened) => opened,
             Err(why) => return Ok(Lookup::Broken(why)),
         };
-        let examples = match ExampleSet::from_source(offsets, std::sync::Arc::new(tokens)) {
-            Ok(examples) => examples,
-            Err(err) => return Ok(Lookup::Broken(err.to_string())),
-        };
+        let read = opened.entry;
+        let examples =
+            match ExampleSet::from_source(opened.offsets, std::sync::Arc::new(opened.tokens)) {
+                Ok(examples) => examples.with_counts(opened.fingerprint, opened.loss_tokens),
+                Err(err) => return Ok(Lookup::Broken(err.to_string())),
+            };
         let dataset = DataSet {
             source: path.to_owned(),
             examples,
@@ -211,12 +219,15 @@ impl DataCache {
     /// error (the first in file order). Ranks that do not see one
     /// another's shares (no shared directory) each tokenize everything.
     /// `progress` hears (records tokenized, records of this rank's share).
+    /// `share_writer`, when given, writes this rank's share in another
+    /// process (a helper tokenizing on every core); if it fails, the rank
+    /// tokenizes its share itself.
     pub fn tokenize_on_ranks(
         &self,
         path: &Path,
         records: &[SourceRecord],
         parts: &CacheKeyParts<'_>,
-        ranks: &dyn Ranks,
+        (ranks, share_writer): (&dyn Ranks, Option<&ShareWriter<'_>>),
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<(TokenizedDataset, CacheUse), DataError> {
         shared::tokenize_shared(
@@ -224,9 +235,33 @@ impl DataCache {
             path,
             records,
             parts,
-            ranks,
+            (ranks, share_writer),
             progress,
             |progress| self.tokenize(path, records, parts, progress),
+        )
+    }
+
+    /// Tokenizes `records`, a rank's share of the data file `path` (in
+    /// file order), on the cache's threads into the share entry
+    /// `share_key`, for [`Self::tokenize_on_ranks`] on that rank (a
+    /// [`ShareWriter`]'s work); a bad record is kept in the share. Gives
+    /// why it could not.
+    pub fn write_share(
+        &self,
+        path: &Path,
+        records: &[SourceRecord],
+        parts: &CacheKeyParts<'_>,
+        share_key: &str,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<(), String> {
+        shared::write_share(
+            &self.dir,
+            path,
+            records,
+            parts,
+            share_key,
+            self.threads,
+            progress,
         )
     }
 }

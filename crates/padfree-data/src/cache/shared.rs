@@ -8,7 +8,60 @@ use super::entry::{CacheUse, RecordError, read_entry, share, whole, write_entry}
 use super::key::{CacheKeyParts, cache_key};
 use crate::error::DataError;
 use crate::records::SourceRecord;
-use crate::tokenize::TokenizedDataset;
+use crate::tokenize::{TokenizedDataset, TokenizedPart};
+
+/// Writes a rank's share of the records (their range, in file order) into
+/// the share entry named by the key given, in another process.
+pub type ShareWriter<'a> = dyn Fn(std::ops::Range<usize>, &str) -> Result<(), String> + 'a;
+
+/// Tokenizes `records`, a rank's share, on `threads` threads and writes
+/// them into the share entry `share_key` of `dir`; a bad record is kept in
+/// the share, for every rank to report.
+pub(super) fn write_share(
+    dir: &Path,
+    path: &Path,
+    records: &[SourceRecord],
+    parts: &CacheKeyParts<'_>,
+    share_key: &str,
+    threads: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Result<(), String> {
+    let pool = crate::tokenize::thread_pool(path, threads).map_err(|err| err.to_string())?;
+    let mut joined: Option<TokenizedPart> = None;
+    let tokenized = crate::tokenize::tokenize_waves(
+        path,
+        records,
+        (parts.tokenizer, parts.config),
+        &pool,
+        &mut |wave, done| {
+            for part in wave {
+                match &mut joined {
+                    None => joined = Some(part),
+                    Some(all) => all.append(part),
+                }
+            }
+            progress(done);
+            Ok(())
+        },
+    );
+    let part = match tokenized {
+        Ok(()) => Ok(joined.unwrap_or_default()),
+        // A bad record goes to the other ranks in the share; any other
+        // error leaves every rank on its own.
+        Err(DataError::Record {
+            location,
+            message,
+            hint,
+            ..
+        }) => Err(RecordError {
+            location,
+            message,
+            hint,
+        }),
+        Err(other) => return Err(other.to_string()),
+    };
+    write_entry(dir, share_key, &share(&part), path)
+}
 
 /// The ranks of a data-parallel job, as the cache needs them to share a
 /// cold start (the trainer's communicator, seen from the data crate).
@@ -35,7 +88,7 @@ pub(super) fn tokenize_shared(
     path: &Path,
     records: &[SourceRecord],
     parts: &CacheKeyParts<'_>,
-    ranks: &dyn Ranks,
+    (ranks, share_writer): (&dyn Ranks, Option<&ShareWriter<'_>>),
     progress: &mut dyn FnMut(usize, usize),
     alone: impl FnOnce(&mut dyn FnMut(usize, usize)) -> Result<(TokenizedDataset, CacheUse), DataError>,
 ) -> Result<(TokenizedDataset, CacheUse), DataError> {
@@ -60,34 +113,13 @@ pub(super) fn tokenize_shared(
     let range = |r: usize| records.len() * r / world..records.len() * (r + 1) / world;
     let share_key = |r: usize| format!("{key}-share-{r}-of-{world}");
     let mine = &records[range(rank)];
-    let part = crate::tokenize::tokenize_part_with(
-        path,
-        mine,
-        parts.tokenizer,
-        parts.config,
-        &mut |done| progress(done, mine.len()),
-    );
-    // A bad record goes to the other ranks in the share; any other error
-    // (none today) leaves every rank on its own.
-    let part = match part {
-        Ok(part) => Some(Ok(part)),
-        Err(DataError::Record {
-            location,
-            message,
-            hint,
-            ..
-        }) => Some(Err(RecordError {
-            location,
-            message,
-            hint,
-        })),
-        Err(_) => None,
-    };
-    let wrote = part
-        .as_ref()
-        .is_some_and(|part| write_entry(dir, &share_key(rank), &share(part), path).is_ok());
-    // Read back with the others below: not held twice meanwhile.
-    drop(part);
+    // Another process may write this rank's share (a helper on every core
+    // of the rank's own); else, or when it could not, this one does.
+    let wrote = share_writer.is_some_and(|write| write(range(rank), &share_key(rank)).is_ok())
+        || write_share(dir, path, mine, parts, &share_key(rank), 1, &mut |done| {
+            progress(done, mine.len())
+        })
+        .is_ok();
     ranks.barrier().map_err(collective)?;
     let mut shares = Vec::with_capacity(world);
     for r in 0..world {

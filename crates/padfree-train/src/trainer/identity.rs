@@ -4,29 +4,13 @@
 
 use std::path::Path;
 
-use padfree_pack::{Example, ExampleSet, PackError};
+use padfree_pack::{Example, ExampleSet, Fingerprint, PackError};
 
-/// FNV-1a over every example's ids and labels: a resumed run must train on
-/// the same data. Held or read from a cache entry, the same examples give
-/// the same fingerprint.
+/// The fingerprint of the training examples ([`padfree_pack::Fingerprint`]):
+/// a resumed run must train on the same data. Held or read from a cache
+/// entry, the same examples give the same fingerprint.
 pub(super) fn fingerprint(examples: &ExampleSet) -> Result<u64, PackError> {
-    let mut hash = Fnv1a::new();
-    for example in examples.iter() {
-        eat_example(&mut hash, &*example?);
-    }
-    Ok(hash.finish())
-}
-
-fn eat_example(hash: &mut Fnv1a, example: &Example) {
-    hash.eat(example.len() as u64);
-    example
-        .input_ids()
-        .iter()
-        .for_each(|&id| hash.eat(u64::from(id)));
-    example
-        .labels()
-        .iter()
-        .for_each(|&label| hash.eat(label as u64));
+    examples.fingerprint()
 }
 
 /// FNV-1a over the sorted fingerprints of the examples one by one: the same
@@ -36,8 +20,8 @@ pub(super) fn set_fingerprint(examples: &[Example]) -> u64 {
     let mut each: Vec<u64> = examples
         .iter()
         .map(|e| {
-            let mut hash = Fnv1a::new();
-            eat_example(&mut hash, e);
+            let mut hash = Fingerprint::default();
+            hash.add(e);
             hash.finish()
         })
         .collect();

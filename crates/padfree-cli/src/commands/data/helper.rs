@@ -26,7 +26,7 @@ use std::process::{Command, ExitCode, Stdio};
 
 use padfree_data::{
     CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Lookup, ReadProgress, TextTokenizer,
-    TokenizeConfig, cache_key, data_fingerprint,
+    TokenizeConfig, cache_key, data_fingerprint, read_records,
 };
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +41,20 @@ struct Job {
     tokenizer: Option<TokenizerFiles>,
     config: TokenizeConfig,
     cache_dir: PathBuf,
+    /// An MPI rank's share of the records (their range, in file order) and
+    /// the share entry to write, instead of the whole entry.
+    share: Option<ShareJob>,
+    /// Whether to draw the progress bar (the lead rank's helper, or the
+    /// only process's).
+    show_progress: bool,
+}
+
+/// A rank's share, for `DataCache::tokenize_on_ranks`.
+#[derive(Debug, Serialize, Deserialize)]
+struct ShareJob {
+    start: usize,
+    end: usize,
+    key: String,
 }
 
 /// A tokenizer as its HF files, so the helper builds the same one.
@@ -100,6 +114,8 @@ pub(super) fn tokenize(
         tokenizer: tokenizer.map(tokenizer_files).transpose()?,
         config: config.clone(),
         cache_dir: dir.clone(),
+        share: None,
+        show_progress: true,
     };
     let not_used = |why: String| {
         warn!(
@@ -147,6 +163,41 @@ fn tokenizer_files(tokenizer: &TextTokenizer) -> anyhow::Result<TokenizerFiles> 
         tokenizer_json: text("tokenizer.json"),
         config_json: text("tokenizer_config.json"),
     })
+}
+
+/// Has a helper write this rank's share (`range` of the records of `file`)
+/// into the share entry `share_key` of `cache`, on every core the rank
+/// has: a [`padfree_data::ShareWriter`]. Gives why it could not (then the
+/// rank tokenizes its share itself).
+pub(super) fn write_share(
+    (cache, fields): (&DataCache, &FieldNames),
+    file: &Path,
+    tokenizer: Option<&TextTokenizer>,
+    config: &TokenizeConfig,
+    range: std::ops::Range<usize>,
+    share_key: &str,
+) -> Result<(), String> {
+    let job = Job {
+        file: file.to_owned(),
+        fields: fields.clone(),
+        tokenizer: tokenizer
+            .map(tokenizer_files)
+            .transpose()
+            .map_err(|err| err.to_string())?,
+        config: config.clone(),
+        cache_dir: cache.dir().to_owned(),
+        share: Some(ShareJob {
+            start: range.start,
+            end: range.end,
+            key: share_key.to_owned(),
+        }),
+        show_progress: crate::ranks::is_lead(),
+    };
+    match ask(&job)? {
+        Reply::Written { key, .. } if key == share_key => Ok(()),
+        Reply::Written { key, .. } => Err(format!("it wrote {key}, not {share_key}")),
+        Reply::NotWritten(why) | Reply::Failed(why) => Err(why),
+    }
 }
 
 /// Runs the helper on `job`: its answer, or why there is none.
@@ -240,6 +291,34 @@ fn serve() -> anyhow::Result<Reply> {
     };
     let threads = rayon::current_num_threads();
     let cache = DataCache::new(&job.cache_dir).with_threads(threads);
+    if let Some(share) = &job.share {
+        let records = read_records(&job.file, &job.fields)?;
+        let mine = records.get(share.start..share.end).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: records {}..{} asked for, {} read",
+                job.file.display(),
+                share.start,
+                share.end,
+                records.len()
+            )
+        })?;
+        let bar = super::records_bar(&job.file, mine.len());
+        if !job.show_progress {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        let written = cache.write_share(&job.file, mine, &parts, &share.key, &mut |done| {
+            bar.set_position(done as u64);
+        });
+        bar.finish_and_clear();
+        return Ok(match written {
+            Ok(()) => Reply::Written {
+                key: share.key.clone(),
+                threads,
+                used: String::new(),
+            },
+            Err(why) => Reply::NotWritten(why),
+        });
+    }
     // The records are read as they are tokenized: their count is known at
     // the end; the bar's length is estimated from how far through the
     // file the reading is.
