@@ -52,6 +52,7 @@ pub use self::shared::{Ranks, ShareWriter};
 use crate::dataset::DataSet;
 use crate::error::DataError;
 use crate::records::SourceRecord;
+use crate::stream::ReadProgress;
 use crate::tokenize::TokenizedDataset;
 
 /// Where the tokenized data sets are kept.
@@ -157,6 +158,33 @@ impl DataCache {
             (Ok(()), None) => CacheUse::Built(entry),
         };
         Ok((dataset, used))
+    }
+
+    /// Builds the entry for the data file `path` and `parts` from its
+    /// records, read a chunk at a time ([`CHUNK_RECORDS`]) and tokenized
+    /// on the cache's threads ([`Self::with_threads`]); nothing is held
+    /// but one chunk of records and the examples' locations (`build.rs`).
+    /// The entry is placed when whole; read it back with [`Self::open`].
+    /// An entry already whole is left as it is ([`CacheUse::Reused`]).
+    /// `progress` hears how far the reading got after every chunk.
+    pub fn build(
+        &self,
+        path: &Path,
+        parts: &CacheKeyParts<'_>,
+        progress: &mut dyn FnMut(ReadProgress),
+    ) -> Result<CacheUse, DataError> {
+        self.build_in_chunks(path, parts, CHUNK_RECORDS, progress)
+    }
+
+    /// [`Self::build`] reading `chunk` records at a time.
+    pub fn build_in_chunks(
+        &self,
+        path: &Path,
+        parts: &CacheKeyParts<'_>,
+        chunk: usize,
+        progress: &mut dyn FnMut(ReadProgress),
+    ) -> Result<CacheUse, DataError> {
+        build::build_entry((&self.dir, self.threads), path, parts, chunk, progress)
     }
 
     /// The entry for `parts`, if one is whole, read as the data set of

@@ -47,6 +47,9 @@ struct Job {
     /// Whether to draw the progress bar (the lead rank's helper, or the
     /// only process's).
     show_progress: bool,
+    /// Threads to tokenize on: the run's own (every core, or under
+    /// `mpirun` the rank's share of its node's cores).
+    threads: usize,
 }
 
 /// A rank's share, for `DataCache::tokenize_on_ranks`.
@@ -116,6 +119,7 @@ pub(super) fn tokenize(
         cache_dir: dir.clone(),
         share: None,
         show_progress: true,
+        threads: rayon::current_num_threads(),
     };
     let not_used = |why: String| {
         warn!(
@@ -192,6 +196,7 @@ pub(super) fn write_share(
             key: share_key.to_owned(),
         }),
         show_progress: crate::ranks::is_lead(),
+        threads: rayon::current_num_threads(),
     };
     match ask(&job)? {
         Reply::Written { key, .. } if key == share_key => Ok(()),
@@ -289,7 +294,7 @@ fn serve() -> anyhow::Result<Reply> {
         tokenizer: tokenizer.as_ref(),
         config: &job.config,
     };
-    let threads = rayon::current_num_threads();
+    let threads = job.threads.max(1);
     let cache = DataCache::new(&job.cache_dir).with_threads(threads);
     if let Some(share) = &job.share {
         let records = read_records(&job.file, &job.fields)?;
