@@ -311,6 +311,19 @@ pub struct DataReport {
     pub max_seq_len: usize,
 }
 
+impl DataReport {
+    /// Adds the counts of `more` (records, cut, dropped, tokens), the
+    /// report of a later part of the same file.
+    fn add_counts(&mut self, more: &DataReport) {
+        self.records += more.records;
+        self.truncated += more.truncated;
+        self.dropped_overlong += more.dropped_overlong;
+        self.dropped_no_labels += more.dropped_no_labels;
+        self.tokens += more.tokens;
+        self.label_tokens += more.label_tokens;
+    }
+}
+
 impl fmt::Display for DataReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -475,13 +488,7 @@ impl TokenizedPart {
     pub fn append(&mut self, next: TokenizedPart) {
         self.examples.extend(next.examples);
         self.locations.extend(next.locations);
-        let (report, more) = (&mut self.report, next.report);
-        report.records += more.records;
-        report.truncated += more.truncated;
-        report.dropped_overlong += more.dropped_overlong;
-        report.dropped_no_labels += more.dropped_no_labels;
-        report.tokens += more.tokens;
-        report.label_tokens += more.label_tokens;
+        self.report.add_counts(&next.report);
         self.single_tokens += next.single_tokens;
     }
 }
@@ -631,19 +638,19 @@ pub(crate) struct Tally {
 impl Tally {
     /// Counts `part`, the next in file order.
     pub(crate) fn add(&mut self, part: &TokenizedPart) {
-        let report = &mut self.report;
-        report.records += part.report.records;
-        report.truncated += part.report.truncated;
-        report.dropped_overlong += part.report.dropped_overlong;
-        report.dropped_no_labels += part.report.dropped_no_labels;
-        report.tokens += part.report.tokens;
-        report.label_tokens += part.report.label_tokens;
-        self.single_tokens += part.single_tokens;
-        self.lengths.extend(
-            part.examples
-                .iter()
-                .map(|e| u32::try_from(e.len()).unwrap_or(u32::MAX)),
-        );
+        self.add_counts(&part.report, part.single_tokens);
+        part.examples.iter().for_each(|e| self.add_length(e.len()));
+    }
+
+    /// Counts a part's report (its examples' lengths come one by one).
+    pub(crate) fn add_counts(&mut self, more: &DataReport, single_tokens: usize) {
+        self.report.add_counts(more);
+        self.single_tokens += single_tokens;
+    }
+
+    /// Counts the length of an example kept.
+    pub(crate) fn add_length(&mut self, len: usize) {
+        self.lengths.push(u32::try_from(len).unwrap_or(u32::MAX));
     }
 
     /// The report over every part; refused when no example is left.

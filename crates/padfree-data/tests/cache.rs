@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use padfree_data::{
-    CacheKeyParts, CacheUse, DataCache, DataError, FieldNames, Overlong, Ranks, ShareWriter,
-    SourceRecord, TextTokenizer, TokenizeConfig, TokenizedDataset, cache_key, content_fingerprint,
-    file_fingerprint, read_records_from_str, tokenize_records,
+    CacheKeyParts, CacheUse, DataCache, DataError, DataSet, FieldNames, Lookup, Overlong, Ranks,
+    ShareWriter, SourceRecord, TextTokenizer, TokenizeConfig, TokenizedDataset, cache_key,
+    content_fingerprint, file_fingerprint, read_records_from_str, tokenize_records,
 };
 
 fn shipped(name: &str) -> PathBuf {
@@ -413,15 +413,43 @@ fn on_ranks_writing(
     dirs: impl Fn(usize) -> PathBuf + Sync,
     writer: Writer,
 ) -> Vec<Result<(TokenizedDataset, CacheUse), DataError>> {
-    let (tokenizer, config) = (tokenizer(), config());
-    let fields = FieldNames::default();
-    let parts = CacheKeyParts {
-        content: content_fingerprint(text.as_bytes()),
-        fields: &fields,
-        tokenizer: Some(&tokenizer),
-        config: &config,
-    };
+    let (tokenizer, config, fields) = (tokenizer(), config(), FieldNames::default());
+    let parts = text_parts(text, &fields, &tokenizer, &config);
     let records = records(text);
+    as_ranks(world, |ranks| {
+        let rank = ranks.rank;
+        let helper = share_helper(writer, dirs(rank), &records, &parts);
+        let share_writer: Option<&ShareWriter<'_>> = match writer {
+            Writer::Rank => None,
+            _ => Some(&helper),
+        };
+        DataCache::new(dirs(rank)).tokenize_on_ranks(
+            Path::new("d.jsonl"),
+            &records,
+            &parts,
+            (ranks, share_writer),
+            &mut |_, _| {},
+        )
+    })
+}
+
+/// The key parts of data `text` read with `fields`, `tokenizer` and `config`.
+fn text_parts<'a>(
+    text: &str,
+    fields: &'a FieldNames,
+    tokenizer: &'a TextTokenizer,
+    config: &'a TokenizeConfig,
+) -> CacheKeyParts<'a> {
+    CacheKeyParts {
+        content: content_fingerprint(text.as_bytes()),
+        fields,
+        tokenizer: Some(tokenizer),
+        config,
+    }
+}
+
+/// `run` on `world` threads as ranks, their results in rank order.
+fn as_ranks<T: Send>(world: usize, run: impl Fn(&ThreadRanks) -> T + Sync) -> Vec<T> {
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(world));
     let votes = std::sync::Arc::new(std::sync::Mutex::new(vec![false; world]));
     std::thread::scope(|scope| {
@@ -433,30 +461,8 @@ fn on_ranks_writing(
                     barrier: barrier.clone(),
                     votes: votes.clone(),
                 };
-                let (dirs, records, parts) = (&dirs, &records, &parts);
-                scope.spawn(move || {
-                    let helper = |range: std::ops::Range<usize>, key: &str| match writer {
-                        Writer::Failing => Err("no helper here".to_owned()),
-                        _ => DataCache::new(dirs(rank)).with_threads(2).write_share(
-                            Path::new("d.jsonl"),
-                            &records[range],
-                            parts,
-                            key,
-                            &mut |_| {},
-                        ),
-                    };
-                    let share_writer: Option<&ShareWriter<'_>> = match writer {
-                        Writer::Rank => None,
-                        _ => Some(&helper),
-                    };
-                    DataCache::new(dirs(rank)).tokenize_on_ranks(
-                        Path::new("d.jsonl"),
-                        records,
-                        parts,
-                        (&ranks, share_writer),
-                        &mut |_, _| {},
-                    )
-                })
+                let run = &run;
+                scope.spawn(move || run(&ranks))
             })
             .collect();
         handles
@@ -464,6 +470,25 @@ fn on_ranks_writing(
             .map(|h| h.join().expect("a rank"))
             .collect()
     })
+}
+
+/// A share writer as `writer` says, writing into the cache in `dir`.
+fn share_helper<'a>(
+    writer: Writer,
+    dir: PathBuf,
+    records: &'a [SourceRecord],
+    parts: &'a CacheKeyParts<'a>,
+) -> impl Fn(std::ops::Range<usize>, &str) -> Result<(), String> + 'a {
+    move |range: std::ops::Range<usize>, key: &str| match writer {
+        Writer::Failing => Err("no helper here".to_owned()),
+        _ => DataCache::new(&dir).with_threads(2).write_share(
+            Path::new("d.jsonl"),
+            &records[range],
+            parts,
+            key,
+            &mut |_| {},
+        ),
+    }
 }
 
 #[test]
@@ -497,6 +522,61 @@ fn ranks_tokenize_their_shares_and_join_them_in_file_order() {
     let (alone, used) = run(&DataCache::new(dir.path()), &text, &tokenizer, &config);
     assert!(matches!(used, CacheUse::Reused(_)), "{used:?}");
     same(&alone, &fresh);
+}
+
+/// Ranks building a cold start without holding it: every share written
+/// (by a helper, or by the rank when the helper fails), rank 0 joining the
+/// shares file to file, every rank opening the entry: the examples of a
+/// fresh tokenization, no share left; a bad record is every rank's error.
+#[test]
+fn ranks_build_the_entry_file_to_file_and_open_it() {
+    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let fresh = fresh(&text, &tokenizer, &config);
+    let build = |text: &str, dir: &Path, writer: Writer| {
+        let fields = FieldNames::default();
+        let parts = text_parts(text, &fields, &tokenizer, &config);
+        let records = records(text);
+        as_ranks(3, |ranks| -> Result<DataSet, DataError> {
+            let cache = DataCache::new(dir);
+            let helper = share_helper(writer, dir.to_owned(), &records, &parts);
+            let placed = cache.build_on_ranks(
+                Path::new("d.jsonl"),
+                &records,
+                &parts,
+                (ranks, Some(&helper)),
+            )?;
+            assert!(placed, "rank {}: the entry was placed", ranks.rank);
+            match cache.open(Path::new("d.jsonl"), &parts)? {
+                Lookup::Hit(dataset, _) => Ok(dataset),
+                other => panic!("rank {}: {other:?}", ranks.rank),
+            }
+        })
+    };
+    for writer in [Writer::Helper, Writer::Failing] {
+        let dir = scratch();
+        for result in build(&text, dir.path(), writer) {
+            let dataset = result.expect("builds");
+            assert!(dataset.examples.is_stored());
+            assert_eq!(
+                dataset.examples.into_examples().expect("reads"),
+                fresh.examples
+            );
+            assert_eq!(
+                (&dataset.locations, &dataset.report),
+                (&fresh.locations, &fresh.report)
+            );
+        }
+        let left = std::fs::read_dir(dir.path()).expect("the cache").count();
+        assert_eq!(left, 1, "the entry alone, no shares");
+    }
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    lines[150] = "{\"input_ids\": [1, 99999]}".to_owned();
+    let dir = scratch();
+    for result in build(&lines.join("\n"), dir.path(), Writer::Helper) {
+        let err = result.expect_err("refused").to_string();
+        assert!(err.contains("line 151"), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).expect("the cache").count(), 0);
 }
 
 /// A rank's share written by a helper on 2 threads (padfree's

@@ -58,7 +58,9 @@ pub(super) fn data_set(
             return Ok((path.to_owned(), dataset));
         }
         // Ranks that all find the entry read their examples from it, no
-        // record read.
+        // record read; else, malloc tuned, they build it without holding
+        // it: a helper per rank tokenizes the rank's share, rank 0 joins
+        // the shares file to file, and every rank reads the entry.
         if let (Some(comm), Some(cache)) = (ranks, cache) {
             let parts = CacheKeyParts {
                 content: data_fingerprint(path)?,
@@ -66,13 +68,7 @@ pub(super) fn data_set(
                 tokenizer,
                 config,
             };
-            let opened = cache.open(path, &parts)?;
-            let every = CommRanks(comm)
-                .all(matches!(opened, Lookup::Hit(..)))
-                .map_err(|err| {
-                    anyhow::anyhow!("the ranks could not share the data cache: {err}")
-                })?;
-            if every && let Lookup::Hit(dataset, entry) = opened {
+            if let Some((dataset, entry)) = open_on_ranks(cache, comm, path, &parts)? {
                 say!(
                     "data cache: {}: {}",
                     path.display(),
@@ -80,6 +76,26 @@ pub(super) fn data_set(
                 );
                 warn_unused_fields(path, &dataset, fields);
                 return Ok((path.to_owned(), dataset));
+            }
+            if crate::allocator::is_tuned() {
+                let records = read_records(path, fields)?;
+                let writer = |range: std::ops::Range<usize>, share_key: &str| {
+                    helper::write_share((cache, fields), path, tokenizer, config, range, share_key)
+                };
+                let placed = cache.build_on_ranks(
+                    path,
+                    &records,
+                    &parts,
+                    (&CommRanks(comm), Some(&writer)),
+                )?;
+                drop(records);
+                if placed && let Some((dataset, entry)) = open_on_ranks(cache, comm, path, &parts)?
+                {
+                    let used = CacheUse::Shared(entry, comm.world_size());
+                    say!("data cache: {}: {used}", path.display());
+                    warn_unused_fields(path, &dataset, fields);
+                    return Ok((path.to_owned(), dataset));
+                }
             }
         }
     }
@@ -97,6 +113,23 @@ pub(super) fn data_set(
     let dataset = DataSet::from(dataset);
     warn_unused_fields(&file, &dataset, fields);
     Ok((file, dataset))
+}
+
+/// The entry for `parts` opened on every rank, when every rank can.
+fn open_on_ranks(
+    cache: &DataCache,
+    comm: &dyn Communicator,
+    path: &Path,
+    parts: &CacheKeyParts<'_>,
+) -> anyhow::Result<Option<(DataSet, PathBuf)>> {
+    let opened = cache.open(path, parts)?;
+    let every = CommRanks(comm)
+        .all(matches!(opened, Lookup::Hit(..)))
+        .map_err(|err| anyhow::anyhow!("the ranks could not share the data cache: {err}"))?;
+    Ok(match opened {
+        Lookup::Hit(dataset, entry) if every => Some((dataset, entry)),
+        _ => None,
+    })
 }
 
 /// The examples of `records`, read from `file` (`embedded`: the shipped

@@ -8,6 +8,7 @@ use padfree_pack::Example;
 use serde::{Deserialize, Serialize};
 
 use super::key::{FORMAT, Fnv};
+use crate::error::DataError;
 use crate::records::UnusedField;
 use crate::tokenize::{DataReport, TokenizedDataset, TokenizedPart};
 
@@ -214,6 +215,59 @@ impl padfree_pack::TokenSource for EntryTokens {
                 .collect(),
         ))
     }
+}
+
+/// The bad record a share entry keeps, if any (its manifest alone read),
+/// or why the share cannot be read.
+pub(super) fn share_error(entry: &Path, key: &str) -> Result<Option<RecordError>, String> {
+    let manifest = std::fs::read(entry.join(MANIFEST))
+        .map_err(|err| format!("{MANIFEST} could not be read: {err}"))?;
+    let manifest: Manifest = serde_json::from_slice(&manifest)
+        .map_err(|err| format!("{MANIFEST} is not whole: {err}"))?;
+    if manifest.key != key {
+        return Err(format!("{MANIFEST} names key {}", manifest.key));
+    }
+    Ok(manifest.error)
+}
+
+/// Joins the share entries `shares` of `dir` (in file order, none with a
+/// bad record) into the entry `key`, example by example, each share
+/// checked as it is read: no share is held. Gives why it could not.
+pub(super) fn join_shares(
+    dir: &Path,
+    key: &str,
+    shares: &[String],
+    (path, config): (&Path, &crate::tokenize::TokenizeConfig),
+    unused_fields: Vec<UnusedField>,
+) -> Result<Result<(), String>, DataError> {
+    let mut writer = match EntryWriter::create(dir, key) {
+        Ok(writer) => writer,
+        Err(why) => return Ok(Err(why)),
+    };
+    let mut tally = crate::tokenize::Tally::default();
+    for share in shares {
+        let mut appended = Ok(());
+        let walked = walk_entry(&dir.join(share), share, &mut |example| {
+            tally.add_length(example.len());
+            appended = writer.append(std::slice::from_ref(&example), &[]);
+            appended.clone()
+        });
+        let walked = match (walked, appended) {
+            (Ok(walked), Ok(())) => walked,
+            (Err(why), _) | (_, Err(why)) => return Ok(Err(format!("{share}: {why}"))),
+        };
+        tally.add_counts(&walked.manifest.report, walked.manifest.single_tokens);
+        if let Err(why) = writer.append(&[], &walked.manifest.locations) {
+            return Ok(Err(why));
+        }
+    }
+    let tail = EntryTail {
+        report: tally.finish(path, config)?,
+        single_tokens: 0,
+        error: None,
+        unused_fields,
+    };
+    Ok(writer.finish(tail, path))
 }
 
 /// An entry walked through: its manifest and offsets.

@@ -269,6 +269,23 @@ impl DataCache {
         )
     }
 
+    /// Ranks sharing a cold start without holding it: each rank's share of
+    /// `records` (those of the data file `path`) written by `share_writer`
+    /// (a helper on the rank's cores) or by the rank, rank 0 joining the
+    /// share entries file to file into the whole entry while the others
+    /// wait. `true` when the entry was placed: every rank then reads it
+    /// with [`Self::open`]; `false` when the ranks could not share (then
+    /// [`Self::tokenize_on_ranks`]). A bad record is every rank's error.
+    pub fn build_on_ranks(
+        &self,
+        path: &Path,
+        records: &[SourceRecord],
+        parts: &CacheKeyParts<'_>,
+        (ranks, share_writer): (&dyn Ranks, Option<&ShareWriter<'_>>),
+    ) -> Result<bool, DataError> {
+        shared::build_shared(&self.dir, path, records, parts, (ranks, share_writer))
+    }
+
     /// Tokenizes `records`, a rank's share of the data file `path` (in
     /// file order), on the cache's threads into the share entry
     /// `share_key`, for [`Self::tokenize_on_ranks`] on that rank (a

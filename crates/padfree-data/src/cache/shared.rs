@@ -4,7 +4,9 @@
 
 use std::path::Path;
 
-use super::entry::{CacheUse, RecordError, read_entry, share, whole, write_entry};
+use super::entry::{
+    CacheUse, RecordError, join_shares, read_entry, share, share_error, whole, write_entry,
+};
 use super::key::{CacheKeyParts, cache_key};
 use crate::error::DataError;
 use crate::records::SourceRecord;
@@ -76,6 +78,80 @@ pub trait Ranks {
     fn all(&self, mine: bool) -> Result<bool, String>;
 }
 
+/// A collective call among the ranks that failed.
+fn collective_error(dir: &Path, err: String) -> DataError {
+    DataError::File {
+        path: dir.to_owned(),
+        message: format!("the ranks could not share the data cache: {err}"),
+        hint: "check that every rank runs, or pass --no-data-cache".into(),
+    }
+}
+
+/// Ranks building a shared cold start without holding it: each rank's
+/// share of `records` written by `share_writer` (a helper on the rank's
+/// cores) or by the rank, then rank 0 joins the share entries file to file
+/// into the whole entry while the others wait. `true` when the entry was
+/// placed (every rank then opens it); `false` when the ranks could not
+/// share (then [`tokenize_shared`]). A bad record is every rank's error,
+/// the first in file order.
+pub(super) fn build_shared(
+    dir: &Path,
+    path: &Path,
+    records: &[SourceRecord],
+    parts: &CacheKeyParts<'_>,
+    (ranks, share_writer): (&dyn Ranks, Option<&ShareWriter<'_>>),
+) -> Result<bool, DataError> {
+    let collective = |err: String| collective_error(dir, err);
+    let (world, rank) = (ranks.world_size(), ranks.rank());
+    let key = cache_key(parts)?;
+    let range = |r: usize| records.len() * r / world..records.len() * (r + 1) / world;
+    let share_keys: Vec<String> = (0..world)
+        .map(|r| format!("{key}-share-{r}-of-{world}"))
+        .collect();
+    let mine = &records[range(rank)];
+    let wrote = share_writer.is_some_and(|write| write(range(rank), &share_keys[rank]).is_ok())
+        || write_share(dir, path, mine, parts, &share_keys[rank], 1, &mut |_| {}).is_ok();
+    ranks.barrier().map_err(collective)?;
+    // Every share's bad record, read by every rank: the same error on all.
+    let errors: Result<Vec<Option<RecordError>>, String> = share_keys
+        .iter()
+        .map(|share| share_error(&dir.join(share), share))
+        .collect();
+    let shared = ranks.all(wrote && errors.is_ok()).map_err(collective)?;
+    let remove_mine = || {
+        let _ = std::fs::remove_dir_all(dir.join(&share_keys[rank]));
+    };
+    if !shared {
+        ranks.barrier().map_err(collective)?;
+        remove_mine();
+        return Ok(false);
+    }
+    if let Some(error) = errors.ok().into_iter().flatten().flatten().next() {
+        ranks.barrier().map_err(collective)?;
+        remove_mine();
+        return Err(DataError::Record {
+            path: path.to_owned(),
+            location: error.location,
+            message: error.message,
+            hint: error.hint,
+        });
+    }
+    let joined = if rank == 0 {
+        let unused = crate::records::unused_text_fields(records);
+        join_shares(dir, &key, &share_keys, (path, parts.config), unused)
+    } else {
+        Ok(Ok(()))
+    };
+    // Waits for rank 0's join: no share is removed while it reads them.
+    let placed = ranks
+        .all(matches!(joined, Ok(Ok(()))))
+        .map_err(collective)?;
+    remove_mine();
+    // A data set with no example left: rank 0's error, which ends the job.
+    let _written_or_why = joined?;
+    Ok(placed)
+}
+
 /// `DataCache::tokenize` (`alone`) as one of several ranks that see this cache
 /// directory: an entry every rank can read is read; else each rank
 /// tokenizes its share of the records (contiguous, in file order) into
@@ -92,11 +168,7 @@ pub(super) fn tokenize_shared(
     progress: &mut dyn FnMut(usize, usize),
     alone: impl FnOnce(&mut dyn FnMut(usize, usize)) -> Result<(TokenizedDataset, CacheUse), DataError>,
 ) -> Result<(TokenizedDataset, CacheUse), DataError> {
-    let collective = |err: String| DataError::File {
-        path: dir.to_owned(),
-        message: format!("the ranks could not share the data cache: {err}"),
-        hint: "check that every rank runs, or pass --no-data-cache".into(),
-    };
+    let collective = |err: String| collective_error(dir, err);
     let (world, rank) = (ranks.world_size(), ranks.rank());
     let key = cache_key(parts)?;
     let entry = dir.join(&key);

@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use padfree_data::{
-    CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Lookup, ReadProgress, TextTokenizer,
-    TokenizeConfig, cache_key, data_fingerprint, read_records,
+    CHUNK_RECORDS, CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Lookup, ReadProgress,
+    TextTokenizer, TokenizeConfig, cache_key, data_fingerprint, for_each_record_chunk,
 };
 use serde::{Deserialize, Serialize};
 
@@ -297,16 +297,26 @@ fn serve() -> anyhow::Result<Reply> {
     let threads = job.threads.max(1);
     let cache = DataCache::new(&job.cache_dir).with_threads(threads);
     if let Some(share) = &job.share {
-        let records = read_records(&job.file, &job.fields)?;
-        let mine = records.get(share.start..share.end).ok_or_else(|| {
-            anyhow::anyhow!(
-                "{}: records {}..{} asked for, {} read",
+        // Only this share's records are kept as the file is read.
+        let (mut mine, mut at) = (Vec::new(), 0usize);
+        for_each_record_chunk(&job.file, &job.fields, CHUNK_RECORDS, &mut |records, _| {
+            for record in records {
+                if (share.start..share.end).contains(&at) {
+                    mine.push(record);
+                }
+                at += 1;
+            }
+            Ok(())
+        })?;
+        if at < share.end {
+            anyhow::bail!(
+                "{}: records {}..{} asked for, {at} read",
                 job.file.display(),
                 share.start,
-                share.end,
-                records.len()
-            )
-        })?;
+                share.end
+            );
+        }
+        let mine = &mine[..];
         let bar = super::records_bar(&job.file, mine.len());
         if !job.show_progress {
             bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
