@@ -7,7 +7,8 @@ use std::process::Command;
 
 mod common;
 use common::{
-    first_records, padfree, repo, scratch, stderr, tiny_config_with_shipped_vocab, two_steps,
+    data_line, first_records, padfree, repo, scratch, stderr, tiny_config_with_shipped_vocab,
+    two_steps, two_steps_in,
 };
 
 /// A `tiny` config with the shipped vocabulary and the first `records` of
@@ -933,13 +934,7 @@ fn the_second_start_reads_the_tokenized_data_from_the_cache() {
     assert!(second.contains(": reused "), "{second}");
     assert_eq!(second_losses, first_losses);
     // The data report is the same whether tokenized or read back.
-    let report = |out: &str| {
-        out.lines()
-            .find(|l| l.starts_with("data: "))
-            .map(str::to_owned)
-            .expect("a data line")
-    };
-    assert_eq!(report(&first), report(&second));
+    assert_eq!(data_line(&first), data_line(&second));
     let (shorter, _) = run(
         "shorter",
         &["--data-cache-dir", cache_dir, "--max-seq-len", "64"],
@@ -1046,56 +1041,21 @@ fn a_cold_start_is_tokenized_by_a_helper_on_every_core() {
     std::fs::write(&data, text).expect("write data");
     let handovers = dir.join("tmp");
     std::fs::create_dir(&handovers).expect("tmp");
-    let run = |name: &str, env: &[(&str, &str)], extra: &[&str]| {
-        let out = dir.join(name);
-        let mut args = vec![
-            "train",
-            "--config",
-            &config,
-            "--data",
-            data.to_str().expect("utf-8"),
-            "--max-steps",
-            "2",
-            "--per-device-train-batch-size",
-            "4",
-            "--logging-steps",
-            "1",
-            "--save-strategy",
-            "no",
-            "--output-dir",
-            out.to_str().expect("utf-8"),
-        ];
-        args.extend(extra);
-        let output = Command::new(env!("CARGO_BIN_EXE_padfree"))
-            .args(&args)
-            .envs(env.iter().copied())
-            .env("TMPDIR", &handovers)
-            .output()
-            .expect("runs padfree");
-        assert!(output.status.success(), "{name}: {}", stderr(&output));
-        let losses = std::fs::read_to_string(out.join("metrics.jsonl")).expect("metrics");
-        let said = String::from_utf8_lossy(&output.stdout).into_owned();
-        let data_line = said
-            .lines()
-            .find(|l| l.starts_with("data: "))
-            .map(str::to_owned)
-            .expect("a data line");
-        let losses: Vec<String> = losses
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).expect("json")["loss"].to_string()
-            })
-            .collect();
-        (said, stderr(&output), data_line, losses)
+    let run = |name: &str, env: &[(&str, &std::ffi::OsStr)], extra: &[&str]| {
+        let mut env = env.to_vec();
+        env.push(("TMPDIR", handovers.as_os_str()));
+        let run = two_steps_in(&env, &config, &data, &dir.join(name), extra);
+        let line = data_line(&run.stdout);
+        (run.stdout, run.stderr, line, run.losses)
     };
     let cache = dir.join("cache");
     let cache = cache.to_str().expect("utf-8");
-    let (said, warned, data_line, losses) = run("cold", &[], &["--data-cache-dir", cache]);
+    let (said, warned, cold_line, losses) = run("cold", &[], &["--data-cache-dir", cache]);
     assert!(said.contains("tokenized by a helper process on "), "{said}");
     assert!(warned.contains("field `note`"), "{warned}");
     assert!(
-        data_line.contains("41 records -> 41 examples"),
-        "{data_line}"
+        cold_line.contains("41 records -> 41 examples"),
+        "{cold_line}"
     );
     let (said, warned, warm_line, warm) = run("warm", &[], &["--data-cache-dir", cache]);
     assert!(said.contains(": reused "), "{said}");
@@ -1103,17 +1063,17 @@ fn a_cold_start_is_tokenized_by_a_helper_on_every_core() {
         warned.contains("field `note`"),
         "the warm start warns too: {warned}"
     );
-    assert_eq!((&warm_line, &warm), (&data_line, &losses));
+    assert_eq!((&warm_line, &warm), (&cold_line, &losses));
     let (said, warned, here_line, here) = run(
         "here",
-        &[("PADFREE_MALLOC", "system")],
+        &[("PADFREE_MALLOC", std::ffi::OsStr::new("system"))],
         &["--no-data-cache"],
     );
     assert!(!said.contains("helper process"), "{said}");
     assert!(warned.contains("field `note`"), "{warned}");
-    assert_eq!((&here_line, &here), (&data_line, &losses));
+    assert_eq!((&here_line, &here), (&cold_line, &losses));
     let (_, _, handed_line, handed) = run("handed-over", &[], &["--no-data-cache"]);
-    assert_eq!((&handed_line, &handed), (&data_line, &losses));
+    assert_eq!((&handed_line, &handed), (&cold_line, &losses));
     let left: Vec<_> = std::fs::read_dir(&handovers).expect("tmp").collect();
     assert!(left.is_empty(), "the hand-over is removed: {left:?}");
 

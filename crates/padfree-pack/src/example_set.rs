@@ -140,12 +140,16 @@ impl ExampleSet {
 
     /// Every example's loss tokens ([`Example::num_loss_tokens`]), in order.
     pub fn loss_tokens(&self) -> Result<Vec<usize>, PackError> {
-        if let Some(known) = &self.known {
-            return Ok(known.loss_tokens.iter().map(|&n| n as usize).collect());
+        (0..self.len()).map(|i| self.loss_tokens_of(i)).collect()
+    }
+
+    /// The loss tokens of example `index` (below [`Self::len`]): as counted
+    /// when the set was checked, else from the example.
+    pub fn loss_tokens_of(&self, index: usize) -> Result<usize, PackError> {
+        match &self.known {
+            Some(known) => Ok(known.loss_tokens[index] as usize),
+            None => Ok(self.get(index)?.num_loss_tokens()),
         }
-        self.iter()
-            .map(|e| e.map(|e| e.num_loss_tokens()))
-            .collect()
     }
 
     /// Number of examples.

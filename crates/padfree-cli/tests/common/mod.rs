@@ -133,6 +133,26 @@ pub const QUICK_BENCH: [&str; 6] = [
 /// logged, nothing saved) with `extra` flags: its stdout and the bits of
 /// every logged loss.
 pub fn two_steps(config: &str, data: &Path, out: &Path, extra: &[&str]) -> (String, Vec<u64>) {
+    let run = two_steps_in(&[], config, data, out, extra);
+    (run.stdout, run.losses)
+}
+
+/// What [`two_steps_in`] saw.
+pub struct TwoSteps {
+    pub stdout: String,
+    pub stderr: String,
+    /// The bits of every logged loss.
+    pub losses: Vec<u64>,
+}
+
+/// [`two_steps`] with `env` set for the run; stderr kept too.
+pub fn two_steps_in(
+    env: &[(&str, &std::ffi::OsStr)],
+    config: &str,
+    data: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> TwoSteps {
     let mut args = vec![
         "train",
         "--config",
@@ -151,7 +171,11 @@ pub fn two_steps(config: &str, data: &Path, out: &Path, extra: &[&str]) -> (Stri
         out.to_str().expect("utf-8"),
     ];
     args.extend(extra);
-    let output = padfree(&args);
+    let output = Command::new(env!("CARGO_BIN_EXE_padfree"))
+        .args(&args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("runs padfree");
     assert!(output.status.success(), "{}", stderr(&output));
     let losses = std::fs::read_to_string(out.join("metrics.jsonl"))
         .expect("metrics")
@@ -161,5 +185,18 @@ pub fn two_steps(config: &str, data: &Path, out: &Path, extra: &[&str]) -> (Stri
             row["loss"].as_f64().expect("loss").to_bits()
         })
         .collect();
-    (String::from_utf8_lossy(&output.stdout).into_owned(), losses)
+    TwoSteps {
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: stderr(&output),
+        losses,
+    }
+}
+
+/// The `data: ...` line a run printed (its data report).
+pub fn data_line(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find(|l| l.starts_with("data: "))
+        .map(str::to_owned)
+        .expect("a data line")
 }

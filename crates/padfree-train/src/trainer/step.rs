@@ -4,7 +4,6 @@
 //! ranks, the overlapped exchange, ZeRO-1 shards and the GPU optimizer.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -129,22 +128,20 @@ impl Engine {
         } = job;
         let started = Instant::now();
         // What every rank trains on in this step: the global figures come
-        // from the shared plan, so they need no communication.
-        // Each example read once (from a cache entry's files, or borrowed
-        // when held); counted as often as the plan names it.
+        // from the shared plan and the set's lengths and loss-token counts,
+        // so they need no communication and no other rank's tokens (a set
+        // read from a cache entry reads only this rank's micro-batches).
         let indices = planned.examples();
-        let read: BTreeMap<usize, Cow<'_, Example>> = indices
+        let label_tokens: usize = indices
             .iter()
-            .map(|&i| all_examples.get(i).map(|example| (i, example)))
-            .collect::<Result<_, PackError>>()?;
-        let step_examples: Vec<&Example> = indices.iter().map(|i| &*read[i]).collect();
-        let label_tokens: usize = step_examples.iter().map(|e| e.num_loss_tokens()).sum();
-        let sum_squared_lengths: u64 = step_examples
+            .map(|&i| all_examples.loss_tokens_of(i))
+            .sum::<Result<usize, PackError>>()?;
+        let sum_squared_lengths: u64 = indices
             .iter()
-            .map(|example| (example.len() as u64).pow(2))
+            .map(|&i| (all_examples.example_len(i) as u64).pow(2))
             .sum();
-        let real_tokens: usize = step_examples.iter().map(|e| e.len()).sum();
-        let examples = step_examples.len();
+        let real_tokens: usize = indices.iter().map(|&i| all_examples.example_len(i)).sum();
+        let examples = indices.len();
         let rank_real_tokens: Vec<usize> = planned
             .ranks
             .iter()
@@ -169,7 +166,10 @@ impl Engine {
         let batches = planned.rank_batches(comm.rank());
         let mut overlapped: Option<Overlapped> = None;
         for (at, indices) in batches.iter().enumerate() {
-            let batch: Vec<Example> = indices.iter().map(|i| Example::clone(&read[i])).collect();
+            let batch: Vec<Example> = indices
+                .iter()
+                .map(|&i| all_examples.get(i).map(Cow::into_owned))
+                .collect::<Result<_, PackError>>()?;
             self.model.set_lora_dropout(Some(DropoutDraw {
                 seed: dropout_seed(config.seed, steps_taken),
                 examples: indices.iter().map(|&i| i as u64).collect(),

@@ -100,11 +100,13 @@ pub(super) fn tokenize(
         tokenizer,
         config,
     };
-    let handover = Handover::unless(cache.is_some());
-    let dir = match (cache, &handover.0) {
-        (Some(cache), _) => cache.dir().to_owned(),
-        (None, Some(dir)) => dir.clone(),
-        (None, None) => std::env::temp_dir(),
+    // Removed when this returns: by then the entry's files are open.
+    let (dir, _handover) = match cache {
+        Some(cache) => (cache.dir().to_owned(), None),
+        None => {
+            let handover = Handover::new();
+            (handover.0.clone(), Some(handover))
+        }
     };
     if let Some(Lookup::Hit(dataset, entry)) =
         cache.map(|cache| cache.open(file, &parts)).transpose()?
@@ -140,13 +142,12 @@ pub(super) fn tokenize(
     if key != ours {
         return not_used(format!("it wrote entry {key}, this run's key is {ours}"));
     }
-    // A hand-over's files are removed below, once open: on Linux (where
+    // A hand-over is removed when this returns, its files open: on Linux (where
     // the helper runs) the open files stay readable until the run ends.
     let read = DataCache::new(&dir).open(file, &parts)?;
     let Lookup::Hit(dataset, _) = read else {
         return not_used(format!("its entry {key} does not read back whole"));
     };
-    drop(handover);
     let note = cache.map(|_| format!("{used}, tokenized by a helper process on {threads} threads"));
     Ok(Some((dataset, note)))
 }
@@ -236,26 +237,21 @@ fn ask(job: &Job) -> Result<Reply, String> {
         .map_err(|_| format!("it ended ({status}) without an answer"))
 }
 
-/// A temporary directory for one hand-over (none when the cache is the
-/// hand-over), removed when dropped.
-struct Handover(Option<PathBuf>);
+/// A temporary directory for one hand-over, removed when dropped.
+struct Handover(PathBuf);
 
 impl Handover {
-    fn unless(cached: bool) -> Self {
+    fn new() -> Self {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        Self((!cached).then(|| {
-            std::env::temp_dir().join(format!("padfree-tokenized-{}-{nanos}", std::process::id()))
-        }))
+        Self(std::env::temp_dir().join(format!("padfree-tokenized-{}-{nanos}", std::process::id())))
     }
 }
 
 impl Drop for Handover {
     fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
