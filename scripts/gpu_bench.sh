@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # padfree on a real GPU against HF transformers on the same batches: a
 # SmolLM2-135M-shaped and a 1B-shaped (TinyLlama-1.1B) Llama, randomly
-# initialised, padded vs padding-free, padfree through Vulkan, HF through
-# CUDA (sdpa in float32, as padfree; flash-attention 2 in bfloat16 where
-# `flash_attn` is installed, since it has no float32). Prints real tokens/s,
-# peak memory and MFU against the GPU's float32 peak, and writes
-# $out/gpu-bench.md.
+# initialised, padded vs padding-free, padfree through Vulkan and through
+# CUDA (GPU_BENCH_DEVICES, default "vulkan cuda"; a device the binary or
+# the machine cannot open is said and skipped), HF through CUDA (sdpa in
+# float32, as padfree; flash-attention 2 in bfloat16 where `flash_attn` is
+# installed, since it has no float32). Prints real tokens/s, peak memory
+# and MFU against the GPU's float32 peak, and writes $out/gpu-bench.md.
 #
 # Needs nothing built on the GPU machine: a padfree built elsewhere with
-#   cargo build --release --locked --features wgpu && strip target/release/padfree
+#   cargo build --release --locked --features wgpu,cuda && strip target/release/padfree
 #   mkdir -p .gpu && gzip -9 -c target/release/padfree > .gpu/padfree.gz
-# carried as .gpu/padfree.gz (stripped: 69 MB, over a 64 MiB carry limit;
-# gzipped: 18 MB; unpacked here when .gpu/padfree is missing), the
+# carried as .gpu/padfree.gz (stripped: 69 MB with `wgpu` alone, 71 MB with
+# `cuda` alone, over a 64 MiB carry limit; gzipped: 18 MB each; unpacked
+# here when .gpu/padfree is missing), the
 # repository's bench/hf_peer/
 # script, python3 with torch and transformers, and a Vulkan loader
 # (libvulkan1; `.gl/*.deb` are unpacked when present). No network.
@@ -40,6 +42,17 @@ fi
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
+# padfree's CUDA build compiles its kernels with NVRTC at run time, which
+# needs libnvrtc and CUDA's headers: without a CUDA toolkit, take those of
+# the CUDA wheels PyTorch installed (nvidia-cuda-nvrtc, nvidia-cuda-runtime).
+if [ -z "${CUDA_PATH:-}" ] && [ ! -d /usr/local/cuda ]; then
+    nvidia=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
+    if [ -n "$nvidia" ] && [ -d "$nvidia/cuda_runtime/include" ]; then
+        export CUDA_PATH="$nvidia/cuda_runtime"
+        export LD_LIBRARY_PATH="$nvidia/cuda_nvrtc/lib:$nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
+    fi
+fi
+echo "CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" || true
 "$bin" --version
 
@@ -63,12 +76,22 @@ JSON
 flash=no
 if python3 -c 'import flash_attn' 2>/dev/null; then flash=yes; fi
 
+devices=${GPU_BENCH_DEVICES:-vulkan cuda}
 for model in smollm2-135m llama-1b; do
-    echo "== $model"
-    "$bin" bench --device vulkan --config "$out/$model.json" \
-        --modes padded,varlen --peer-python python3 \
-        --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
-        --output-dir "$out/$model" 2>&1 | tee "$out/$model.log"
+    peer=(--peer-python python3)
+    for device in $devices; do
+        echo "== $model on $device"
+        # HF's rows once per model, with the first device's run.
+        "$bin" bench --device "$device" --config "$out/$model.json" \
+            --modes padded,varlen "${peer[@]}" \
+            --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
+            --output-dir "$out/$model-$device" 2>&1 | tee "$out/$model-$device.log" \
+            || echo "padfree on $device did not run (see $out/$model-$device.log)"
+        if [ -f "$out/$model-$device/bench.json" ]; then
+            peer=()
+            [ -d "$out/$model" ] || ln -s "$model-$device" "$out/$model"
+        fi
+    done
     if [ "$flash" = yes ]; then
         python3 bench/hf_peer/hf_peer.py --peer-dir "$out/$model/peer" --mode flattening \
             --device cuda --attn flash_attention_2 --out "$out/$model/hf-flash.json" \
@@ -84,11 +107,16 @@ lines = [f"# padfree on a GPU ({open(os.path.join(out, 'gpu.txt')).read().strip(
          "| model | mode | real tokens/s | padded tokens | peak memory | MFU | final loss |",
          "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
 for model in ["smollm2-135m", "llama-1b"]:
-    path = os.path.join(out, model, "bench.json")
-    if not os.path.exists(path):
-        lines.append(f"| {model} | (no result) | | | | | |")
-        continue
-    rows = json.load(open(path))["results"]
+    rows = []
+    for device in os.environ.get("GPU_BENCH_DEVICES", "vulkan cuda").split():
+        path = os.path.join(out, f"{model}-{device}", "bench.json")
+        if not os.path.exists(path):
+            lines.append(f"| {model} | padfree on {device}: no result | | | | | |")
+            continue
+        for r in json.load(open(path))["results"]:
+            if not r["mode"].startswith("hf"):
+                r["mode"] = f"{r['mode']} ({device})"
+            rows.append(r)
     flash_path = os.path.join(out, model, "hf-flash.json")
     if os.path.exists(flash_path):
         rows.append(json.load(open(flash_path)))

@@ -150,21 +150,51 @@ fn an_adapter_that_does_not_exist_is_refused_before_any_work() {
     let dir = scratch("gpu-refused");
     let out = dir.path().join("out");
     let name = format!("{}:99", device());
-    let out_arg = out.display().to_string();
-    let output = padfree_in_repo(&[
-        "train",
-        "--config",
-        "tiny",
-        "--device",
-        &name,
-        "--max-steps",
-        "1",
-        "--output-dir",
-        &out_arg,
-    ]);
+    let output = one_tiny_step(&name, &out);
     assert!(!output.status.success());
     let err = stderr(&output);
     assert!(err.contains(&format!("device `{name}`")), "{err}");
     assert!(err.contains("HINT"), "{err}");
     assert!(!out.exists(), "nothing written for a refused device");
+}
+
+/// The CUDA build (feature `cuda`, built offline): where NVIDIA's driver
+/// is, one step trains on `--device cuda`; elsewhere (CI) the device is
+/// refused before any work with what is missing (the runtime's own panic,
+/// caught, and a HINT), nothing written.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_trains_where_the_driver_is_and_is_refused_with_what_is_missing_elsewhere() {
+    let dir = scratch("gpu-cuda");
+    let out = dir.path().join("out");
+    let output = one_tiny_step("cuda", &out);
+    let err = stderr(&output);
+    if Path::new("/proc/driver/nvidia/version").exists() {
+        assert!(output.status.success(), "{err}");
+        return;
+    }
+    assert!(!output.status.success());
+    assert!(
+        err.contains("device `cuda`: CUDA device 0 could not be opened"),
+        "{err}"
+    );
+    assert!(err.contains("HINT: padfree's CUDA build needs"), "{err}");
+    assert!(!err.contains("panicked at"), "the panic is caught: {err}");
+    assert!(!out.exists(), "nothing written for a refused device");
+}
+
+/// `padfree train` of one step of the `tiny` preset on `device` into `out`.
+fn one_tiny_step(device: &str, out: &Path) -> std::process::Output {
+    let out = out.display().to_string();
+    padfree_in_repo(&[
+        "train",
+        "--config",
+        "tiny",
+        "--device",
+        device,
+        "--max-steps",
+        "1",
+        "--output-dir",
+        &out,
+    ])
 }

@@ -723,33 +723,66 @@ fn lora_ranks_match_one_process() {
     }
 }
 
-/// A cold start on 2 ranks: each tokenizes half of the records and both
-/// join the halves (said by rank 0); the next start reads the entry back;
-/// both train as the run without a cache does.
+/// A cold start on 2 ranks: each streams half of the records into a share
+/// (through a helper, or itself with malloc untuned) and rank 0 joins the
+/// halves (said by rank 0); the next start reads the entry back; all train
+/// as the run without a cache does. A bad record in the second half is
+/// both ranks' error, and leaves no entry or share.
 #[test]
 fn ranks_share_the_tokenization_of_a_cold_start() {
     let guard = scratch("mpi-data-cache");
     let dir = guard.path();
     let (config, data) = setup(dir);
     let cache = dir.join("cache").display().to_string();
-    let run = |name: &str, extra: &[&str]| {
+    let launch = |name: &str, data: &str, extra: &[&str], env: &[(&str, &str)]| {
         let out = dir.join(name).display().to_string();
-        let mut args = run_args(&config, &data, &out, 1);
+        let mut args = run_args(&config, data, &out, 1);
         args.extend(extra.iter().map(|s| (*s).to_owned()));
-        let output = mpirun(2, &as_str(&args), &[]);
+        mpirun(2, &as_str(&args), env)
+    };
+    let run = |name: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let output = launch(name, &data, extra, env);
         assert!(output.status.success(), "{}", stderr(&output));
         (
             String::from_utf8_lossy(&output.stdout).into_owned(),
             step_losses(&dir.join(name)),
         )
     };
-    let (cold, cold_losses) = run("cold", &["--data-cache-dir", &cache]);
+    let (cold, cold_losses) = run("cold", &["--data-cache-dir", &cache], &[]);
     assert!(cold.contains("by 2 ranks"), "{cold}");
-    let (warm, warm_losses) = run("warm", &["--data-cache-dir", &cache]);
+    let (warm, warm_losses) = run("warm", &["--data-cache-dir", &cache], &[]);
     assert!(warm.contains(": reused "), "{warm}");
-    let (_, uncached) = run("uncached", &["--no-data-cache"]);
+    let untuned = dir.join("cache-untuned").display().to_string();
+    let (by_ranks, by_ranks_losses) = run(
+        "untuned",
+        &["--data-cache-dir", &untuned],
+        &[("PADFREE_MALLOC", "system")],
+    );
+    assert!(by_ranks.contains("by 2 ranks"), "{by_ranks}");
+    let (_, uncached) = run("uncached", &["--no-data-cache"], &[]);
     assert_eq!(cold_losses, uncached);
     assert_eq!(warm_losses, uncached);
+    assert_eq!(by_ranks_losses, uncached);
     let entries = std::fs::read_dir(dir.join("cache")).expect("cache").count();
     assert_eq!(entries, 1, "the entry alone, no shares left");
+    let mut lines: Vec<String> = std::fs::read_to_string(&data)
+        .expect("data")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines[30] = "{\"question\": 3, \"answer\": \"4\"}".into();
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, lines.join("\n")).expect("write");
+    let bad_cache = dir.join("cache-bad").display().to_string();
+    let output = launch(
+        "bad",
+        &bad.display().to_string(),
+        &["--data-cache-dir", &bad_cache],
+        &[],
+    );
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert_eq!(err.matches("line 31").count(), 2, "both ranks: {err}");
+    let left = std::fs::read_dir(dir.join("cache-bad")).map_or(0, |d| d.count());
+    assert_eq!(left, 0, "no entry, no share");
 }

@@ -156,11 +156,7 @@ pub(crate) fn read_rows(
             message,
             hint: hint.to_owned(),
         };
-        let opened = File::open(file).map_err(|err| DataError::Io {
-            path: file.clone(),
-            err,
-            hint: HINT,
-        })?;
+        let opened = open(file)?;
         match files {
             ColumnarFiles::Parquet(_) => {
                 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -209,6 +205,45 @@ pub(crate) fn read_rows(
         }
     }
     Ok(())
+}
+
+fn open(file: &Path) -> Result<File, DataError> {
+    File::open(file).map_err(|err| DataError::Io {
+        path: file.to_owned(),
+        err,
+        hint: HINT,
+    })
+}
+
+/// How many rows `files` hold: a Parquet file's from its metadata, an
+/// Arrow file's from its batches (decoded, not converted to records).
+pub(crate) fn count_rows(files: &ColumnarFiles) -> Result<usize, DataError> {
+    let mut count = 0usize;
+    for file in files.paths() {
+        let fail = |message: String| DataError::File {
+            path: file.clone(),
+            message,
+            hint: HINT.to_owned(),
+        };
+        let opened = open(file)?;
+        match files {
+            ColumnarFiles::Parquet(_) => {
+                let builder =
+                    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(opened)
+                        .map_err(|err| fail(format!("not a readable Parquet file: {err}")))?;
+                let rows = builder.metadata().file_metadata().num_rows();
+                count += usize::try_from(rows).unwrap_or(0);
+            }
+            ColumnarFiles::Arrow(_) => {
+                for batch in arrow_batches(opened, file)? {
+                    let batch = batch
+                        .map_err(|err| fail(format!("a record batch could not be read: {err}")))?;
+                    count += batch.num_rows();
+                }
+            }
+        }
+    }
+    Ok(count)
 }
 
 type Batches = Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>>>;

@@ -42,7 +42,7 @@ pub use records::{
     FieldNames, Message, Record, SourceRecord, UnusedField, holds_text_records, read_records,
     read_records_from_str, unused_text_fields,
 };
-pub use stream::{ReadProgress, for_each_record_chunk};
+pub use stream::{ReadProgress, count_records, for_each_record_chunk, for_each_record_chunk_in};
 pub use template::{CHATML_TEMPLATE, ChatTemplate};
 pub use tokenize::{
     DataReport, Overlong, PROGRESS_EVERY, TextTokenizer, TokenizeConfig, TokenizedDataset,

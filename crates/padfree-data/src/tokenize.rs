@@ -653,6 +653,12 @@ impl Tally {
         self.lengths.push(u32::try_from(len).unwrap_or(u32::MAX));
     }
 
+    /// The counts alone (records, tokens, cut and dropped; no lengths) and
+    /// the examples dropped for having one token: a share's, for the join.
+    pub(crate) fn into_counts(self) -> (DataReport, usize) {
+        (self.report, self.single_tokens)
+    }
+
     /// The report over every part; refused when no example is left.
     pub(crate) fn finish(
         mut self,

@@ -416,15 +416,16 @@ fn on_ranks_writing(
     let (tokenizer, config, fields) = (tokenizer(), config(), FieldNames::default());
     let parts = text_parts(text, &fields, &tokenizer, &config);
     let records = records(text);
+    let (_dir, file) = data_file(text);
     as_ranks(world, |ranks| {
         let rank = ranks.rank;
-        let helper = share_helper(writer, dirs(rank), &records, &parts);
+        let helper = share_helper(writer, dirs(rank), &file, &parts);
         let share_writer: Option<&ShareWriter<'_>> = match writer {
             Writer::Rank => None,
             _ => Some(&helper),
         };
         DataCache::new(dirs(rank)).tokenize_on_ranks(
-            Path::new("d.jsonl"),
+            &file,
             &records,
             &parts,
             (ranks, share_writer),
@@ -472,22 +473,30 @@ fn as_ranks<T: Send>(world: usize, run: impl Fn(&ThreadRanks) -> T + Sync) -> Ve
     })
 }
 
-/// A share writer as `writer` says, writing into the cache in `dir`.
+/// The data `text` written to a file (in a directory removed when the
+/// first is dropped): what a helper streams a share from.
+fn data_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = scratch();
+    let file = dir.path().join("d.jsonl");
+    std::fs::write(&file, text).expect("the data file");
+    (dir, file)
+}
+
+/// A share writer as `writer` says, streaming its records from `file`
+/// into the cache in `dir`.
 fn share_helper<'a>(
     writer: Writer,
     dir: PathBuf,
-    records: &'a [SourceRecord],
+    file: &'a Path,
     parts: &'a CacheKeyParts<'a>,
 ) -> impl Fn(std::ops::Range<usize>, &str) -> Result<(), String> + 'a {
     move |range: std::ops::Range<usize>, key: &str| match writer {
         Writer::Failing => Err("no helper here".to_owned()),
-        _ => DataCache::new(&dir).with_threads(2).write_share(
-            Path::new("d.jsonl"),
-            &records[range],
-            parts,
-            key,
-            &mut |_| {},
-        ),
+        _ => {
+            DataCache::new(&dir)
+                .with_threads(2)
+                .build_share(file, parts, (range, key), &mut |_| {})
+        }
     }
 }
 
@@ -524,29 +533,34 @@ fn ranks_tokenize_their_shares_and_join_them_in_file_order() {
     same(&alone, &fresh);
 }
 
-/// Ranks building a cold start without holding it: every share written
-/// (by a helper, or by the rank when the helper fails), rank 0 joining the
-/// shares file to file, every rank opening the entry: the examples of a
-/// fresh tokenization, no share left; a bad record is every rank's error.
+/// Ranks building a cold start without holding it: every share streamed
+/// from the file by record number (by a helper, or by the rank when the
+/// helper fails; blank lines are not records), rank 0 joining the shares
+/// file to file, every rank opening the entry: the examples, locations,
+/// report and unused text fields of a fresh tokenization, the entry one
+/// process builds byte for byte, no share left; a bad record is every
+/// rank's error.
 #[test]
 fn ranks_build_the_entry_file_to_file_and_open_it() {
-    let (text, tokenizer, config) = (data(), tokenizer(), config());
+    let (tokenizer, config) = (tokenizer(), config());
+    let mut lines: Vec<String> = data().lines().map(str::to_owned).collect();
+    // Blank lines early, an unused field first met in the last share.
+    lines.insert(40, String::new());
+    lines.insert(41, "   ".into());
+    lines[260] = format!("{{\"note\": \"a note\", {}", &lines[260][1..]);
+    let text = lines.join("\n");
     let fresh = fresh(&text, &tokenizer, &config);
-    let build = |text: &str, dir: &Path, writer: Writer| {
+    assert_eq!(fresh.unused_fields.len(), 1);
+    let build = |(text, file): (&str, &Path), dir: &Path, writer: Writer| {
         let fields = FieldNames::default();
         let parts = text_parts(text, &fields, &tokenizer, &config);
-        let records = records(text);
+        let records = padfree_data::count_records(file, &fields).expect("counts");
         as_ranks(3, |ranks| -> Result<DataSet, DataError> {
             let cache = DataCache::new(dir);
-            let helper = share_helper(writer, dir.to_owned(), &records, &parts);
-            let placed = cache.build_on_ranks(
-                Path::new("d.jsonl"),
-                &records,
-                &parts,
-                (ranks, Some(&helper)),
-            )?;
+            let helper = share_helper(writer, dir.to_owned(), file, &parts);
+            let placed = cache.build_on_ranks(file, records, &parts, (ranks, Some(&helper)))?;
             assert!(placed, "rank {}: the entry was placed", ranks.rank);
-            match cache.open(Path::new("d.jsonl"), &parts)? {
+            match cache.open(file, &parts)? {
                 Lookup::Hit(dataset, _) => Ok(dataset),
                 other => panic!("rank {}: {other:?}", ranks.rank),
             }
@@ -554,7 +568,8 @@ fn ranks_build_the_entry_file_to_file_and_open_it() {
     };
     for writer in [Writer::Helper, Writer::Failing] {
         let dir = scratch();
-        for result in build(&text, dir.path(), writer) {
+        let (_data, file) = data_file(&text);
+        for result in build((&text, &file), dir.path(), writer) {
             let dataset = result.expect("builds");
             assert!(dataset.examples.is_stored());
             assert_eq!(
@@ -562,17 +577,37 @@ fn ranks_build_the_entry_file_to_file_and_open_it() {
                 fresh.examples
             );
             assert_eq!(
-                (&dataset.locations, &dataset.report),
-                (&fresh.locations, &fresh.report)
+                (&dataset.locations, &dataset.report, &dataset.unused_fields),
+                (&fresh.locations, &fresh.report, &fresh.unused_fields)
             );
         }
-        let left = std::fs::read_dir(dir.path()).expect("the cache").count();
-        assert_eq!(left, 1, "the entry alone, no shares");
+        let left: Vec<PathBuf> = std::fs::read_dir(dir.path())
+            .expect("the cache")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        assert_eq!(left.len(), 1, "the entry alone, no shares");
+        // One process streaming the whole file writes the same bytes.
+        let alone = scratch();
+        let fields = FieldNames::default();
+        let parts = text_parts(&text, &fields, &tokenizer, &config);
+        let used = DataCache::new(alone.path())
+            .build(&file, &parts, &mut |_| {})
+            .expect("builds");
+        assert!(matches!(used, CacheUse::Built(_)), "{used:?}");
+        for name in ["ids.u32", "labels.i32", "offsets.u64", "dataset.json"] {
+            let bytes = |dir: &Path| std::fs::read(dir.join(name)).expect("an entry's file");
+            assert!(
+                bytes(&left[0]) == bytes(&alone.path().join(left[0].file_name().expect("key"))),
+                "{name} differs"
+            );
+        }
     }
-    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let mut lines: Vec<String> = data().lines().map(str::to_owned).collect();
     lines[150] = "{\"input_ids\": [1, 99999]}".to_owned();
     let dir = scratch();
-    for result in build(&lines.join("\n"), dir.path(), Writer::Helper) {
+    let bad = lines.join("\n");
+    let (_data, file) = data_file(&bad);
+    for result in build((&bad, &file), dir.path(), Writer::Helper) {
         let err = result.expect_err("refused").to_string();
         assert!(err.contains("line 151"), "{err}");
     }

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use padfree_data::{
     CacheKeyParts, CacheUse, DataCache, DataError, FieldNames, Lookup, Overlong, PROGRESS_EVERY,
-    Record, SourceRecord, TextTokenizer, TokenizeConfig, file_fingerprint, for_each_record_chunk,
-    holds_text_records, read_records, read_records_from_str, tokenize_in_parallel,
-    tokenize_records,
+    Record, SourceRecord, TextTokenizer, TokenizeConfig, count_records, file_fingerprint,
+    for_each_record_chunk, for_each_record_chunk_in, holds_text_records, read_records,
+    read_records_from_str, tokenize_in_parallel, tokenize_records,
 };
 
 fn repo(path: &str) -> PathBuf {
@@ -175,17 +175,38 @@ fn whether_a_file_needs_a_tokenizer_is_known_from_its_first_record() {
     assert!(err.to_string().contains("line 3"), "{err}");
 }
 
+/// The records of `path`, read `chunk` at a time: every chunk full but
+/// the last, the progress in step.
 fn chunked(path: &Path, chunk: usize) -> Result<Vec<SourceRecord>, String> {
-    let mut all = Vec::new();
-    let mut last = 0.0;
-    let count = for_each_record_chunk(path, &FieldNames::default(), chunk, &mut |records, read| {
+    read_chunks(path, None, chunk)
+}
+
+/// The records numbered `range`, read a chunk (2) at a time.
+fn in_range(path: &Path, range: std::ops::Range<usize>) -> Result<Vec<SourceRecord>, String> {
+    read_chunks(path, Some(range), 2)
+}
+
+/// [`for_each_record_chunk`] (the whole file) or
+/// [`for_each_record_chunk_in`] (`range`), checking what each hands out.
+fn read_chunks(
+    path: &Path,
+    range: Option<std::ops::Range<usize>>,
+    chunk: usize,
+) -> Result<Vec<SourceRecord>, String> {
+    let (mut all, mut last) = (Vec::new(), 0.0);
+    let fields = FieldNames::default();
+    let mut each = |records: Vec<SourceRecord>, read: padfree_data::ReadProgress| {
         assert!(!records.is_empty() && records.len() <= chunk);
         assert!(read.fraction >= last && read.fraction <= 1.0, "{read:?}");
         last = read.fraction;
         all.extend(records);
         assert_eq!(read.records, all.len());
         Ok(())
-    })
+    };
+    let count = match range {
+        None => for_each_record_chunk(path, &fields, chunk, &mut each),
+        Some(range) => for_each_record_chunk_in(path, &fields, range, chunk, &mut each),
+    }
     .map_err(|err| err.to_string())?;
     assert_eq!(count, all.len());
     Ok(all)
@@ -227,6 +248,21 @@ fn chunks_hold_the_records_of_the_whole_file_and_its_errors() {
                 "{path:?} by {chunk}"
             );
         }
+        // Counted without reading them; ranks' shares cut by that count
+        // hold the records in file order (a range past the end, fewer).
+        let count = count_records(path, &FieldNames::default()).expect("counts");
+        assert_eq!(count, expected.len(), "{path:?}");
+        for world in [2, 3, 50] {
+            let shares: Vec<Vec<SourceRecord>> = (0..world)
+                .map(|r| in_range(path, count * r / world..count * (r + 1) / world))
+                .collect::<Result<_, _>>()
+                .expect("reads");
+            assert_eq!(shares.concat(), expected, "{path:?} in {world} shares");
+        }
+        assert_eq!(
+            in_range(path, count - 2..count + 5).expect("reads"),
+            expected[count - 2..]
+        );
     }
     let bad = [
         write(
@@ -247,6 +283,21 @@ fn chunks_hold_the_records_of_the_whole_file_and_its_errors() {
         let expected = whole(path).expect_err("refused");
         assert_eq!(chunked(path, 2).expect_err("refused"), expected, "{path:?}");
     }
+    // A share holding the bad record has its error; a share before or
+    // after it (whose lines are passed over unparsed) does not.
+    let path = &bad[0];
+    assert_eq!(
+        count_records(path, &FieldNames::default()).expect("counts"),
+        4
+    );
+    let expected = whole(path).expect_err("refused");
+    assert_eq!(in_range(path, 1..3).expect_err("refused"), expected);
+    assert_eq!(in_range(path, 0..2).expect("reads").len(), 2);
+    assert_eq!(in_range(path, 3..4).expect("reads").len(), 1);
+    assert_eq!(
+        in_range(&bad[2], 0..1).expect_err("refused"),
+        whole(&bad[2]).expect_err("refused")
+    );
 }
 
 #[test]

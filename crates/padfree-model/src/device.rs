@@ -43,7 +43,8 @@ pub enum GpuApi {
     Metal,
     /// wgpu on DirectX 12 (Windows).
     Dx12,
-    /// burn's CUDA runtime: not built (see `docs/gpu.md`).
+    /// burn's CUDA runtime, NVRTC-compiled kernels (feature `cuda`;
+    /// `docs/gpu.md`).
     Cuda,
 }
 
@@ -171,17 +172,107 @@ pub fn open_device(choice: DeviceChoice) -> Result<OpenedDevice, DeviceError> {
             description: format!("cpu (burn Flex, {} threads)", rayon::current_num_threads()),
         }),
         DeviceChoice::Gpu {
-            api: GpuApi::Cuda, ..
-        } => Err(DeviceError {
-            choice: choice.to_string(),
-            message: "burn's CUDA runtime is not built into padfree: its build downloads LLVM \
-                      (cubecl-llvm), which padfree's builds never do"
-                .into(),
-            hint: "on an NVIDIA GPU use `--device vulkan` (NVIDIA's Vulkan driver); docs/gpu.md \
-                   says what a CUDA build would need"
-                .into(),
-        }),
+            api: GpuApi::Cuda,
+            index,
+        } => cuda::open(choice, index),
         DeviceChoice::Gpu { api, index } => gpu::open(choice, api, index),
+    }
+}
+
+/// burn's CUDA runtime, built offline (feature `cuda`: NVRTC compiles the
+/// kernels; `docs/gpu.md`, "The CUDA build").
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::{DeviceChoice, DeviceError, OpenedDevice};
+
+    pub(super) fn open(
+        choice: DeviceChoice,
+        _index: Option<usize>,
+    ) -> Result<OpenedDevice, DeviceError> {
+        Err(DeviceError {
+            choice: choice.to_string(),
+            message: "this padfree was built without burn's CUDA runtime".into(),
+            hint: "build with `cargo build --release --features cuda` (offline: docs/gpu.md, \
+                   \"The CUDA build\"), or on an NVIDIA GPU use `--device vulkan` (NVIDIA's \
+                   Vulkan driver)"
+                .into(),
+        })
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::{DeviceChoice, DeviceError, OpenedDevice};
+    use crate::tensor::Device;
+
+    /// Opens CUDA device `index` (0 without one) and runs one small
+    /// operation on it: cubecl opens the driver lazily and panics when it
+    /// cannot (no `libcuda.so`, no device, no NVRTC), so the first use is
+    /// made here, where a panic becomes a refusal that says what is missing.
+    pub(super) fn open(
+        choice: DeviceChoice,
+        index: Option<usize>,
+    ) -> Result<OpenedDevice, DeviceError> {
+        let index = index.unwrap_or(0);
+        let tried = quietly(|| {
+            let device = Device::cuda(index);
+            let probe = burn::tensor::Tensor::<1>::from_floats([1.0f32, 2.0], &device) * 2.0;
+            let values = probe.into_data().try_to_vec::<f32>().unwrap_or_default();
+            (device, values)
+        });
+        match tried {
+            Ok((device, values)) if values == [2.0, 4.0] => Ok(OpenedDevice {
+                choice,
+                device,
+                description: format!("CUDA device {index} (burn's CUDA runtime, NVRTC kernels)"),
+            }),
+            Ok((_, values)) => Err(DeviceError {
+                choice: choice.to_string(),
+                message: format!("CUDA device {index} computed [1, 2] * 2 as {values:?}"),
+                hint: "check the driver with `nvidia-smi`, or use `--device vulkan`".into(),
+            }),
+            Err(why) => Err(DeviceError {
+                choice: choice.to_string(),
+                message: format!("CUDA device {index} could not be opened: {why}"),
+                hint: "padfree's CUDA build needs NVIDIA's driver (libcuda.so, `nvidia-smi` \
+                       lists the devices), NVRTC (libnvrtc.so.12 or later) on the library path \
+                       and CUDA's headers under $CUDA_PATH/include (default /usr/local/cuda; \
+                       docs/gpu.md); without them use `--device vulkan` or `--device cpu`"
+                    .into(),
+            }),
+        }
+    }
+
+    /// `run`, or the first panic message of any thread while it ran (the
+    /// runtime opens the driver on a thread of its own, whose panic reaches
+    /// `run` only as a closed channel), instead of printing them.
+    fn quietly<T>(run: impl FnOnce() -> T) -> Result<T, String> {
+        use std::sync::{Arc, Mutex};
+        let first: Arc<Mutex<Option<String>>> = Arc::default();
+        let hook = std::panic::take_hook();
+        let seen = first.clone();
+        std::panic::set_hook(Box::new(move |info| {
+            let mut seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            seen.get_or_insert_with(|| {
+                let payload = info.payload();
+                payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "the runtime panicked".to_owned())
+            });
+        }));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
+        std::panic::set_hook(hook);
+        let first = first
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        match (result, first) {
+            (Ok(value), _) => Ok(value),
+            (Err(_), Some(message)) => Err(message),
+            (Err(_), None) => Err("the runtime panicked".to_owned()),
+        }
     }
 }
 
@@ -251,7 +342,7 @@ mod gpu {
             GpuApi::Wgpu => WgpuBackend::Auto,
             GpuApi::Metal => WgpuBackend::Metal,
             GpuApi::Dx12 => WgpuBackend::Dx12,
-            GpuApi::Cuda => unreachable!("refused before"),
+            GpuApi::Cuda => unreachable!("opened by `cuda::open`"),
         };
         let kind = match index {
             None => DeviceKind::DefaultDevice,
@@ -384,15 +475,25 @@ mod tests {
         assert!("cpu:0".parse::<DeviceChoice>().is_err());
     }
 
+    /// Without the feature, or without a driver (CI builds `cuda` with no
+    /// GPU), `--device cuda` is refused by name with what to do.
     #[test]
-    fn cuda_is_refused_by_name_with_a_hint() {
-        let err = open_device(DeviceChoice::Gpu {
+    fn cuda_is_refused_by_name_with_a_hint_where_it_cannot_run() {
+        let opened = open_device(DeviceChoice::Gpu {
             api: GpuApi::Cuda,
             index: None,
-        })
-        .expect_err("not built");
+        });
+        let has_driver = std::path::Path::new("/proc/driver/nvidia/version").exists();
+        if cfg!(feature = "cuda") && has_driver {
+            opened.expect("a CUDA build with NVIDIA's driver opens the device");
+            return;
+        }
+        let err = opened.expect_err("cannot run here");
         assert!(err.to_string().contains("device `cuda`"), "{err}");
         assert!(err.to_string().contains("--device vulkan"), "{err}");
+        if cfg!(not(feature = "cuda")) {
+            assert!(err.to_string().contains("--features cuda"), "{err}");
+        }
     }
 
     #[cfg(not(feature = "wgpu"))]

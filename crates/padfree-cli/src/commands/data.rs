@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
     CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Fingerprint, Lookup, Ranks,
     ShareWriter, SourceRecord, TextTokenizer, TokenizeConfig, TokenizedDataset, UnusedField,
-    content_fingerprint, data_fingerprint, read_records, read_records_from_str,
+    content_fingerprint, count_records, data_fingerprint, read_records, read_records_from_str,
     tokenize_in_parallel,
 };
 use padfree_train::Communicator;
@@ -35,8 +35,9 @@ pub(super) const EMBEDDED_EVAL_DATA: &str =
 /// the helper (`data/helper.rs`), which reads and tokenizes it on every
 /// core; this process reads no record, only the cache entry. Under
 /// `mpirun` ranks that all find the entry read it the same way; else they
-/// share the work, each rank's share tokenized by a helper on the rank's
-/// cores.
+/// share the work, each rank's share of the records streamed into the
+/// cache by a helper on the rank's cores (or by the rank, malloc not
+/// tuned).
 pub(super) fn data_set(
     (flag, path, embedded): (&str, Option<&Path>, (&str, &str)),
     (cache, fields): (Option<&DataCache>, &FieldNames),
@@ -58,9 +59,11 @@ pub(super) fn data_set(
             return Ok((path.to_owned(), dataset));
         }
         // Ranks that all find the entry read their examples from it, no
-        // record read; else, malloc tuned, they build it without holding
-        // it: a helper per rank tokenizes the rank's share, rank 0 joins
-        // the shares file to file, and every rank reads the entry.
+        // record read; else they build it without holding it: each rank's
+        // share (a range of record numbers) is streamed into a share entry
+        // by a helper on the rank's cores (malloc tuned) or by the rank,
+        // rank 0 joins the shares file to file, and every rank reads the
+        // entry.
         if let (Some(comm), Some(cache)) = (ranks, cache) {
             let parts = CacheKeyParts {
                 content: data_fingerprint(path)?,
@@ -77,25 +80,23 @@ pub(super) fn data_set(
                 warn_unused_fields(path, &dataset, fields);
                 return Ok((path.to_owned(), dataset));
             }
-            if crate::allocator::is_tuned() {
-                let records = read_records(path, fields)?;
-                let writer = |range: std::ops::Range<usize>, share_key: &str| {
-                    helper::write_share((cache, fields), path, tokenizer, config, range, share_key)
-                };
-                let placed = cache.build_on_ranks(
-                    path,
-                    &records,
-                    &parts,
-                    (&CommRanks(comm), Some(&writer)),
-                )?;
-                drop(records);
-                if placed && let Some((dataset, entry)) = open_on_ranks(cache, comm, path, &parts)?
-                {
-                    let used = CacheUse::Shared(entry, comm.world_size());
-                    say!("data cache: {}: {used}", path.display());
-                    warn_unused_fields(path, &dataset, fields);
-                    return Ok((path.to_owned(), dataset));
-                }
+            // The file is not parsed here: a JSONL file's lines are only
+            // counted, a Parquet file's rows read from its metadata.
+            let records = count_records(path, fields)?;
+            let writer = |range: std::ops::Range<usize>, share_key: &str| {
+                helper::write_share((cache, fields), path, tokenizer, config, range, share_key)
+            };
+            let share_writer: Option<&ShareWriter<'_>> =
+                crate::allocator::is_tuned().then_some(&writer);
+            let placed = cache
+                .clone()
+                .with_threads(rayon::current_num_threads())
+                .build_on_ranks(path, records, &parts, (&CommRanks(comm), share_writer))?;
+            if placed && let Some((dataset, entry)) = open_on_ranks(cache, comm, path, &parts)? {
+                let used = CacheUse::Shared(entry, comm.world_size());
+                say!("data cache: {}: {used}", path.display());
+                warn_unused_fields(path, &dataset, fields);
+                return Ok((path.to_owned(), dataset));
             }
         }
     }

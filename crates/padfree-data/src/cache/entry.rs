@@ -232,14 +232,15 @@ pub(super) fn share_error(entry: &Path, key: &str) -> Result<Option<RecordError>
 
 /// Joins the share entries `shares` of `dir` (in file order, none with a
 /// bad record) into the entry `key`, example by example, each share
-/// checked as it is read: no share is held. Gives why it could not.
+/// checked as it is read: no share is held. The unused text fields are
+/// the shares' own, merged in file order. Gives why it could not.
 pub(super) fn join_shares(
     dir: &Path,
     key: &str,
     shares: &[String],
     (path, config): (&Path, &crate::tokenize::TokenizeConfig),
-    unused_fields: Vec<UnusedField>,
 ) -> Result<Result<(), String>, DataError> {
+    let mut unused_fields: Vec<UnusedField> = Vec::new();
     let mut writer = match EntryWriter::create(dir, key) {
         Ok(writer) => writer,
         Err(why) => return Ok(Err(why)),
@@ -257,6 +258,7 @@ pub(super) fn join_shares(
             (Err(why), _) | (_, Err(why)) => return Ok(Err(format!("{share}: {why}"))),
         };
         tally.add_counts(&walked.manifest.report, walked.manifest.single_tokens);
+        crate::records::merge_unused(&mut unused_fields, walked.manifest.unused_fields);
         if let Err(why) = writer.append(&[], &walked.manifest.locations) {
             return Ok(Err(why));
         }

@@ -269,43 +269,49 @@ impl DataCache {
         )
     }
 
-    /// Ranks sharing a cold start without holding it: each rank's share of
-    /// `records` (those of the data file `path`) written by `share_writer`
-    /// (a helper on the rank's cores) or by the rank, rank 0 joining the
-    /// share entries file to file into the whole entry while the others
-    /// wait. `true` when the entry was placed: every rank then reads it
-    /// with [`Self::open`]; `false` when the ranks could not share (then
+    /// Ranks sharing a cold start without holding it: the `records` of the
+    /// data file `path` (their count, [`crate::count_records`]) cut into
+    /// contiguous shares in file order, each rank's written by
+    /// `share_writer` (a helper on the rank's cores) or by the rank on the
+    /// cache's threads ([`Self::build_share`]), rank 0 joining the share
+    /// entries file to file into the whole entry while the others wait.
+    /// `true` when the entry was placed: every rank then reads it with
+    /// [`Self::open`]; `false` when the ranks could not share (then
     /// [`Self::tokenize_on_ranks`]). A bad record is every rank's error.
     pub fn build_on_ranks(
         &self,
         path: &Path,
-        records: &[SourceRecord],
+        records: usize,
         parts: &CacheKeyParts<'_>,
         (ranks, share_writer): (&dyn Ranks, Option<&ShareWriter<'_>>),
     ) -> Result<bool, DataError> {
-        shared::build_shared(&self.dir, path, records, parts, (ranks, share_writer))
-    }
-
-    /// Tokenizes `records`, a rank's share of the data file `path` (in
-    /// file order), on the cache's threads into the share entry
-    /// `share_key`, for [`Self::tokenize_on_ranks`] on that rank (a
-    /// [`ShareWriter`]'s work); a bad record is kept in the share. Gives
-    /// why it could not.
-    pub fn write_share(
-        &self,
-        path: &Path,
-        records: &[SourceRecord],
-        parts: &CacheKeyParts<'_>,
-        share_key: &str,
-        progress: &mut dyn FnMut(usize),
-    ) -> Result<(), String> {
-        shared::write_share(
-            &self.dir,
+        shared::build_shared(
+            (&self.dir, self.threads),
             path,
             records,
             parts,
-            share_key,
-            self.threads,
+            (ranks, share_writer),
+        )
+    }
+
+    /// Streams the records `range` of the data file `path` (a rank's
+    /// share, in file order) on the cache's threads into the share entry
+    /// `share_key`, as [`Self::build`] streams a whole entry: a
+    /// [`ShareWriter`]'s work. A bad record in the range is kept in the
+    /// share for every rank to report. `progress` hears how far the
+    /// reading got. Gives why the share could not be written.
+    pub fn build_share(
+        &self,
+        path: &Path,
+        parts: &CacheKeyParts<'_>,
+        (range, share_key): (std::ops::Range<usize>, &str),
+        progress: &mut dyn FnMut(ReadProgress),
+    ) -> Result<(), String> {
+        build::build_share(
+            (&self.dir, self.threads),
+            path,
+            parts,
+            (range, share_key),
             progress,
         )
     }

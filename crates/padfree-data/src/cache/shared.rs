@@ -87,30 +87,37 @@ fn collective_error(dir: &Path, err: String) -> DataError {
     }
 }
 
-/// Ranks building a shared cold start without holding it: each rank's
-/// share of `records` written by `share_writer` (a helper on the rank's
-/// cores) or by the rank, then rank 0 joins the share entries file to file
-/// into the whole entry while the others wait. `true` when the entry was
-/// placed (every rank then opens it); `false` when the ranks could not
-/// share (then [`tokenize_shared`]). A bad record is every rank's error,
-/// the first in file order.
+/// Ranks building a shared cold start without holding it: the `records`
+/// of `path` (their count) cut into contiguous shares in file order, each
+/// rank's share streamed into a share entry by `share_writer` (a helper on
+/// the rank's cores) or by the rank on `threads` threads, then rank 0
+/// joins the share entries file to file into the whole entry while the
+/// others wait. `true` when the entry was placed (every rank then opens
+/// it); `false` when the ranks could not share (then [`tokenize_shared`]).
+/// A bad record is every rank's error, the first in file order.
 pub(super) fn build_shared(
-    dir: &Path,
+    (dir, threads): (&Path, usize),
     path: &Path,
-    records: &[SourceRecord],
+    records: usize,
     parts: &CacheKeyParts<'_>,
     (ranks, share_writer): (&dyn Ranks, Option<&ShareWriter<'_>>),
 ) -> Result<bool, DataError> {
     let collective = |err: String| collective_error(dir, err);
     let (world, rank) = (ranks.world_size(), ranks.rank());
     let key = cache_key(parts)?;
-    let range = |r: usize| records.len() * r / world..records.len() * (r + 1) / world;
+    let range = |r: usize| records * r / world..records * (r + 1) / world;
     let share_keys: Vec<String> = (0..world)
         .map(|r| format!("{key}-share-{r}-of-{world}"))
         .collect();
-    let mine = &records[range(rank)];
     let wrote = share_writer.is_some_and(|write| write(range(rank), &share_keys[rank]).is_ok())
-        || write_share(dir, path, mine, parts, &share_keys[rank], 1, &mut |_| {}).is_ok();
+        || super::build::build_share(
+            (dir, threads),
+            path,
+            parts,
+            (range(rank), &share_keys[rank]),
+            &mut |_| {},
+        )
+        .is_ok();
     ranks.barrier().map_err(collective)?;
     // Every share's bad record, read by every rank: the same error on all.
     let errors: Result<Vec<Option<RecordError>>, String> = share_keys
@@ -137,8 +144,7 @@ pub(super) fn build_shared(
         });
     }
     let joined = if rank == 0 {
-        let unused = crate::records::unused_text_fields(records);
-        join_shares(dir, &key, &share_keys, (path, parts.config), unused)
+        join_shares(dir, &key, &share_keys, (path, parts.config))
     } else {
         Ok(Ok(()))
     };

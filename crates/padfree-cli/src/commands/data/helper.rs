@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use padfree_data::{
-    CHUNK_RECORDS, CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Lookup, ReadProgress,
-    TextTokenizer, TokenizeConfig, cache_key, data_fingerprint, for_each_record_chunk,
+    CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Lookup, ReadProgress, TextTokenizer,
+    TokenizeConfig, cache_key, data_fingerprint,
 };
 use serde::{Deserialize, Serialize};
 
@@ -41,8 +41,9 @@ struct Job {
     tokenizer: Option<TokenizerFiles>,
     config: TokenizeConfig,
     cache_dir: PathBuf,
-    /// An MPI rank's share of the records (their range, in file order) and
-    /// the share entry to write, instead of the whole entry.
+    /// An MPI rank's share of the records (their range of record numbers,
+    /// in file order) and the share entry to write, instead of the whole
+    /// entry: streamed from the file as a whole entry is.
     share: Option<ShareJob>,
     /// Whether to draw the progress bar (the lead rank's helper, or the
     /// only process's).
@@ -52,7 +53,7 @@ struct Job {
     threads: usize,
 }
 
-/// A rank's share, for `DataCache::tokenize_on_ranks`.
+/// A rank's share, for `DataCache::build_on_ranks` (or `tokenize_on_ranks`).
 #[derive(Debug, Serialize, Deserialize)]
 struct ShareJob {
     start: usize,
@@ -293,33 +294,18 @@ fn serve() -> anyhow::Result<Reply> {
     let threads = job.threads.max(1);
     let cache = DataCache::new(&job.cache_dir).with_threads(threads);
     if let Some(share) = &job.share {
-        // Only this share's records are kept as the file is read.
-        let (mut mine, mut at) = (Vec::new(), 0usize);
-        for_each_record_chunk(&job.file, &job.fields, CHUNK_RECORDS, &mut |records, _| {
-            for record in records {
-                if (share.start..share.end).contains(&at) {
-                    mine.push(record);
-                }
-                at += 1;
-            }
-            Ok(())
-        })?;
-        if at < share.end {
-            anyhow::bail!(
-                "{}: records {}..{} asked for, {at} read",
-                job.file.display(),
-                share.start,
-                share.end
-            );
-        }
-        let mine = &mine[..];
-        let bar = super::records_bar(&job.file, mine.len());
+        // The share's records are streamed into its entry, as a whole
+        // entry's are below; the records before it are passed over.
+        let bar = super::records_bar(&job.file, share.end - share.start);
         if !job.show_progress {
             bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
         }
-        let written = cache.write_share(&job.file, mine, &parts, &share.key, &mut |done| {
-            bar.set_position(done as u64);
-        });
+        let written = cache.build_share(
+            &job.file,
+            &parts,
+            (share.start..share.end, &share.key),
+            &mut |read| bar.set_position(read.records as u64),
+        );
         bar.finish_and_clear();
         return Ok(match written {
             Ok(()) => Reply::Written {

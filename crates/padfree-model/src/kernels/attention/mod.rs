@@ -40,7 +40,7 @@ use crate::tensor::{Device, Tensor, float_tensor};
 
 mod bf16;
 mod composed;
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "cube")]
 mod cube;
 mod host;
 mod micro;
@@ -120,7 +120,7 @@ pub fn varlen_attention(
     apply(op, [q, k, v])
 }
 
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "cube")]
 fn gpu_attention(
     inputs: [Tensor<3>; 3],
     bounds: &Tensor<2>,
@@ -130,7 +130,7 @@ fn gpu_attention(
     cube::attention(inputs, bounds, dims, scale)
 }
 
-#[cfg(not(feature = "wgpu"))]
+#[cfg(not(feature = "cube"))]
 fn gpu_attention(
     _: [Tensor<3>; 3],
     _: &Tensor<2>,
@@ -138,7 +138,7 @@ fn gpu_attention(
     _: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
     Err(UnsupportedTensor(
-        "padfree was built without its GPU kernels (feature `wgpu`)".into(),
+        "padfree was built without its GPU kernels (feature `wgpu` or `cuda`)".into(),
     ))
 }
 
