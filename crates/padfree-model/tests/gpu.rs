@@ -1,6 +1,7 @@
 //! padfree on a GPU (feature `wgpu`; CI runs it on Mesa's lavapipe, a
-//! Vulkan device in software): the CubeCL varlen attention against the
-//! composed oracle and the CPU kernel, output and every input gradient; the
+//! Vulkan device in software): the CubeCL varlen attention, RMSNorm and
+//! SwiGLU against their composed oracles and the CPU kernels, output and every
+//! input gradient; the
 //! HF fixtures on the device against transformers; the model's fused loss
 //! on the device against the same model on the CPU.
 //!
@@ -20,7 +21,8 @@ mod common;
 use common::{assert_close, examples, host, param_grads};
 use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::kernels::{
-    AttentionRows, CausalMasks, composed_varlen_attention, varlen_attention,
+    AttentionRows, CausalMasks, composed_rms_norm, composed_swiglu, composed_varlen_attention,
+    rms_norm, swiglu, varlen_attention,
 };
 use padfree_model::tensor::{
     Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, trainable,
@@ -134,6 +136,85 @@ fn kernel_case(heads: usize, kv_heads: usize, head_dim: usize, lengths: &[usize]
             RTOL,
         );
     }
+}
+
+/// Output and both input gradients of `sum(y * probe)` through `op` on
+/// `device`, for inputs of `shapes` (random values) and `y` `[N, C]`.
+fn two_input_op_and_grads(
+    device: &Device,
+    shapes: [[usize; 2]; 2],
+    op: impl Fn(Tensor<2>, Tensor<2>) -> Tensor<2>,
+) -> (Vec<f32>, [Vec<f32>; 2]) {
+    let leaf = |shape: [usize; 2], seed| {
+        trainable(float_tensor(
+            random(shape[0] * shape[1], seed, 2.0),
+            shape,
+            device,
+        ))
+    };
+    let (a, b) = (leaf(shapes[0], 11), leaf(shapes[1], 12));
+    let y = op(a.clone(), b.clone());
+    let [rows, cols] = [y.dims()[0], y.dims()[1]];
+    let probe = float_tensor(random(rows * cols, 13, 1.0), [rows, cols], device);
+    let grads = backward(&(y.clone() * probe).sum());
+    let g = |t: &Tensor<2>| grad(t, &grads).expect("a gradient").into_vec();
+    (y.into_vec(), [g(&a), g(&b)])
+}
+
+/// A two-input CubeCL kernel (`fused` on the GPU) against its composed
+/// oracle on the GPU and the host kernel (`fused` on the CPU): the output
+/// and both gradients, for each of `cases` (input shapes).
+fn two_input_case(
+    names: [&str; 2],
+    cases: &[[[usize; 2]; 2]],
+    fused: impl Fn(Tensor<2>, Tensor<2>) -> Tensor<2>,
+    oracle: impl Fn(Tensor<2>, Tensor<2>) -> Tensor<2>,
+) {
+    let (gpu, cpu) = (gpu().autodiff(), cpu_device(true));
+    for &shapes in cases {
+        let (gpu_y, gpu_grads) = two_input_op_and_grads(&gpu, shapes, &fused);
+        let (oracle_y, oracle_grads) = two_input_op_and_grads(&gpu, shapes, &oracle);
+        let (cpu_y, cpu_grads) = two_input_op_and_grads(&cpu, shapes, &fused);
+        let what = format!("{names:?} of shapes {shapes:?}");
+        assert_close(
+            &format!("{what}: y vs oracle"),
+            &gpu_y,
+            &oracle_y,
+            ATOL,
+            RTOL,
+        );
+        assert_close(&format!("{what}: y vs CPU"), &gpu_y, &cpu_y, ATOL, RTOL);
+        for (i, name) in names.iter().enumerate() {
+            let what = format!("{what}: d{name}");
+            let (ours, oracle, cpu) = (&gpu_grads[i], &oracle_grads[i], &cpu_grads[i]);
+            assert_close(&format!("{what} vs oracle"), ours, oracle, ATOL, RTOL);
+            assert_close(&format!("{what} vs CPU"), ours, cpu, ATOL, RTOL);
+        }
+    }
+}
+
+/// The CubeCL RMSNorm: `dweight` sums over every row; SmolLM2's width, an
+/// odd one, a single row.
+#[test]
+fn cubecl_rms_norm_matches_the_oracle_and_the_cpu() {
+    let eps = 1e-5;
+    two_input_case(
+        ["x", "weight"],
+        &[[[37, 576], [1, 576]], [[5, 63], [1, 63]], [[1, 8], [1, 8]]],
+        |x, w| rms_norm(x, w, eps).expect("the kernel takes these"),
+        |x, w| composed_rms_norm(x, w, eps),
+    );
+}
+
+/// The CubeCL SwiGLU gate: SmolLM2's intermediate width, an odd shape.
+#[test]
+fn cubecl_swiglu_matches_the_oracle_and_the_cpu() {
+    two_input_case(
+        ["gate", "up"],
+        &[[[17, 1536], [17, 1536]], [[3, 7], [3, 7]]],
+        |gate, up| swiglu(gate, up).expect("the kernel takes these"),
+        composed_swiglu,
+    );
 }
 
 #[test]

@@ -31,6 +31,8 @@
 mod attention;
 pub(crate) mod bf16;
 mod cross_entropy;
+#[cfg(feature = "cube")]
+mod cube_op;
 pub mod dropout;
 mod gemm;
 pub mod gemm_bf16;
@@ -84,8 +86,8 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
     vec![
         ("varlen attention", "CubeCL kernel"),
         ("cross-entropy", "composed burn ops (no CubeCL kernel yet)"),
-        ("RMSNorm", "composed burn ops (no CubeCL kernel yet)"),
-        ("SwiGLU", "composed burn ops (no CubeCL kernel yet)"),
+        ("RMSNorm", "CubeCL kernel"),
+        ("SwiGLU", "CubeCL kernel"),
         ("RoPE", "composed burn ops (no CubeCL kernel yet)"),
         (
             "linear and LoRA layers",

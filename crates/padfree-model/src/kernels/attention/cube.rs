@@ -1,7 +1,8 @@
 //! The CubeCL body of the varlen causal attention: the same algorithm as the
 //! host kernel in `mod.rs` (FlashAttention-2's varlen scheme), written once
 //! for every GPU runtime burn's CubeCL backend reaches (Vulkan, Metal, DX12
-//! through WGSL; CUDA and ROCm when built), with its autodiff glue.
+//! through WGSL; CUDA and ROCm when built), differentiable through
+//! `cube_op.rs`.
 //!
 //! - forward: one invocation per query row and head walks the keys of its
 //!   own example only (`[start, t]`), with an online softmax; it writes the
@@ -25,24 +26,14 @@
 //! `q`, `out`, `dq`: `[T, H, D]`; `k`, `v`, `dk`, `dv`: `[T, Hkv, D]`;
 //! `lse`, `delta`: `[T, H]`; `bounds`: `[T, 2]`; all contiguous f32.
 
-use burn::tensor::{GradientCheckpointingStrategy, Tensor as BurnTensor};
-use burn_autodiff::Autodiff;
-use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::{
-    BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
-};
-use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
-use burn_backend::DType;
-use burn_backend::tensor::FloatTensor;
+use burn::tensor::Tensor as BurnTensor;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
 use super::host::AttentionDims;
+use crate::kernels::cube_op::{CubeOp, apply, empty_like, grid};
 use crate::kernels::host_op::UnsupportedTensor;
 
 /// The largest head size the kernels take (one local accumulator per head).
@@ -226,22 +217,6 @@ fn dkv_kernel(
     }
 }
 
-fn empty_like(reference: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
-    empty_device_contiguous_dtype(
-        reference.client.clone(),
-        reference.device.clone(),
-        shape.into(),
-        DType::F32,
-    )
-}
-
-/// One invocation per element of `n`, in blocks the device accepts.
-fn grid(reference: &CubeTensor, n: usize) -> (CubeCount, CubeDim) {
-    let cube_dim = CubeDim::new(&reference.client, n.max(1));
-    let cube_count = calculate_cube_count_elemwise(&reference.client, n.max(1), cube_dim);
-    (cube_count, cube_dim)
-}
-
 /// What the backward pass needs: the inputs, the output, the log-sum-exp.
 #[derive(Debug, Clone)]
 struct Saved {
@@ -364,21 +339,10 @@ pub(super) fn bounds_primitive(bounds: &BurnTensor<2>) -> Result<CubeTensor, Uns
         .map_err(|err| UnsupportedTensor(format!("{err:?}")))
 }
 
-/// The autodiff primitives of `inputs` on backend `$backend`.
-macro_rules! autodiff {
-    ($inputs:expr, $backend:ty) => {{
-        let [q, k, v] = $inputs.map(|t| {
-            t.try_into_primitive::<$backend>()
-                .map_err(|err| UnsupportedTensor(format!("{err:?}")))
-        });
-        [q?, k?, v?]
-    }};
-}
-
 /// The differentiable op on a CubeCL device: `q`, `k`, `v` (plain or on an
 /// autodiff device of that backend) -> `[T, H, D]`.
 pub(super) fn attention(
-    [q, k, v]: [BurnTensor<3>; 3],
+    inputs: [BurnTensor<3>; 3],
     bounds: &BurnTensor<2>,
     dims: AttentionDims,
     scale: f32,
@@ -390,83 +354,44 @@ pub(super) fn attention(
         )));
     }
     let bounds = bounds_primitive(bounds)?;
-    if !q.is_autodiff() {
-        let [q, k, v] = plain([q, k, v])?;
-        let (out, _) = forward(&q, &k, &v, &bounds, dims, scale);
-        return Ok(BurnTensor::from_primitive::<CubeBackend>(out));
-    }
-    match q.gradient_checkpointing_strategy() {
-        Some(GradientCheckpointingStrategy::Balanced) => {
-            type Backend = Autodiff<CubeBackend, BalancedCheckpointing>;
-            let inputs = autodiff!([q, k, v], Backend);
-            let out = tracked::<BalancedCheckpointing>(inputs, bounds, dims, scale);
-            Ok(BurnTensor::from_primitive::<Backend>(out))
-        }
-        _ => {
-            type Backend = Autodiff<CubeBackend, NoCheckpointing>;
-            let inputs = autodiff!([q, k, v], Backend);
-            let out = tracked::<NoCheckpointing>(inputs, bounds, dims, scale);
-            Ok(BurnTensor::from_primitive::<Backend>(out))
-        }
-    }
+    // Compute-bound: gradient checkpointing keeps the output and the
+    // log-sum-exp rather than running the kernel again.
+    apply(
+        &Attention {
+            bounds,
+            dims,
+            scale,
+        },
+        inputs,
+    )
 }
 
-fn plain(inputs: [BurnTensor<3>; 3]) -> Result<[CubeTensor; 3], UnsupportedTensor> {
-    let [q, k, v] = inputs.map(|t| {
-        t.try_into_primitive::<CubeBackend>()
-            .map(into_contiguous)
-            .map_err(|err| UnsupportedTensor(format!("{err:?}")))
-    });
-    Ok([q?, k?, v?])
-}
-
-/// The backward step (a marker: burn wants the step itself stateless).
-#[derive(Debug)]
-struct AttentionBackward;
-
-impl Backward<CubeBackend, 3> for AttentionBackward {
-    type State = Saved;
-
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let d_out = grads.consume::<CubeBackend>(&ops.node);
-        let gradients = backward(&ops.state, d_out);
-        for (parent, gradient) in ops.parents.into_iter().zip(gradients) {
-            if let Some(node) = parent {
-                grads.register::<CubeBackend>(node.id, gradient);
-            }
-        }
-    }
-}
-
-fn tracked<C: CheckpointStrategy>(
-    inputs: [FloatTensor<Autodiff<CubeBackend, C>>; 3],
+/// The op: the batch's row bounds and the attention's settings.
+struct Attention {
     bounds: CubeTensor,
     dims: AttentionDims,
     scale: f32,
-) -> FloatTensor<Autodiff<CubeBackend, C>> {
-    let [(q, q_node), (k, k_node), (v, v_node)] = inputs.map(|t| t.into_parts());
-    let [q, k, v] = [q, k, v].map(into_contiguous);
-    let (out, lse) = forward(&q, &k, &v, &bounds, dims, scale);
-    // Compute-bound: gradient checkpointing keeps the output and the
-    // log-sum-exp rather than running the kernel again.
-    match AttentionBackward
-        .prepare::<C>([q_node, k_node, v_node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            Saved {
-                q,
-                k,
-                v,
-                bounds,
-                out: out.clone(),
-                lse,
-                dims,
-                scale,
-            },
-            out,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(out),
+}
+
+impl CubeOp<3> for Attention {
+    type Saved = Saved;
+
+    fn forward(&self, [q, k, v]: [CubeTensor; 3]) -> (CubeTensor, Saved) {
+        let (out, lse) = forward(&q, &k, &v, &self.bounds, self.dims, self.scale);
+        let saved = Saved {
+            q,
+            k,
+            v,
+            bounds: self.bounds.clone(),
+            out: out.clone(),
+            lse,
+            dims: self.dims,
+            scale: self.scale,
+        };
+        (out, saved)
+    }
+
+    fn backward(saved: &Saved, d_out: CubeTensor) -> [CubeTensor; 3] {
+        backward(saved, d_out)
     }
 }

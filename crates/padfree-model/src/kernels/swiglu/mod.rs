@@ -1,6 +1,7 @@
 //! Fused SwiGLU gate on host slices: `silu(gate) * up`, forward and
 //! backward in one pass each (composed from tensor ops: sigmoid, two
-//! products, and about twice as many passes backward), chunks over threads.
+//! products, and about twice as many passes backward), chunks over threads;
+//! a CubeCL body for GPUs in `cube.rs`.
 //!
 //! # Shapes
 //! `gate`, `up`, `out` and their gradients: `[N, I]`.
@@ -13,17 +14,30 @@ use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
 use rayon::prelude::*;
 
+#[cfg(feature = "cube")]
+mod cube;
+
 // ---- the differentiable burn op ----
 
 /// `silu(gate) * up`, element-wise; `gate`, `up`: `[N, I]` -> `[N, I]`.
 ///
-/// On a GPU this is [`composed_swiglu`] (burn's own kernels) until a CubeCL
-/// body is written (docs/gpu.md).
+/// On a GPU the CubeCL body (`cube.rs`; [`composed_swiglu`] in a build
+/// without GPU kernels).
 pub fn swiglu(gate: Tensor<2>, up: Tensor<2>) -> Result<Tensor<2>, UnsupportedTensor> {
     if !is_cpu(&gate.device()) {
-        return Ok(composed_swiglu(gate, up));
+        return gpu_swiglu([gate, up]);
     }
     apply(SwiGlu, [gate, up])
+}
+
+#[cfg(feature = "cube")]
+fn gpu_swiglu(inputs: [Tensor<2>; 2]) -> Result<Tensor<2>, UnsupportedTensor> {
+    cube::swiglu(inputs)
+}
+
+#[cfg(not(feature = "cube"))]
+fn gpu_swiglu([gate, up]: [Tensor<2>; 2]) -> Result<Tensor<2>, UnsupportedTensor> {
+    Ok(composed_swiglu(gate, up))
 }
 
 /// [`swiglu`] under `--bf16`: `gate` and `up` (the rounded outputs of
@@ -40,7 +54,7 @@ pub fn bf16_swiglu(gate: Tensor<2>, up: Tensor<2>) -> Result<Tensor<2>, Unsuppor
     apply(Bf16SwiGlu, [gate, up])
 }
 
-/// The oracle, and the GPU path: `silu(gate) * up` from burn ops.
+/// The oracle: `silu(gate) * up` from burn ops.
 pub fn composed_swiglu(gate: Tensor<2>, up: Tensor<2>) -> Tensor<2> {
     crate::tensor::silu(gate) * up
 }

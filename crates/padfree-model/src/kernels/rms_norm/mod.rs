@@ -1,4 +1,5 @@
-//! Fused RMSNorm on host slices, forward and backward.
+//! Fused RMSNorm on host slices, forward and backward (a CubeCL body for
+//! GPUs in `cube.rs`).
 //!
 //! Composed from tensor ops, RMSNorm is seven passes over `[N, C]` forward
 //! (square, mean, add, sqrt, reciprocal, two products) and about twice that
@@ -15,22 +16,35 @@ use super::attention::is_cpu;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use rayon::prelude::*;
 
+#[cfg(feature = "cube")]
+mod cube;
+
 // ---- the differentiable burn op ----
 
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last dimension.
 ///
 /// `x`: `[N, C]`, `weight`: `[1, C]` -> `[N, C]`.
-/// On a GPU this is [`composed_rms_norm`] (burn's own kernels) until a
-/// CubeCL body is written (docs/gpu.md).
+/// On a GPU the CubeCL body (`cube.rs`; [`composed_rms_norm`] in a build
+/// without GPU kernels).
 pub fn rms_norm(x: Tensor<2>, weight: Tensor<2>, eps: f64) -> Result<Tensor<2>, UnsupportedTensor> {
     if !is_cpu(&x.device()) {
-        return Ok(composed_rms_norm(x, weight, eps));
+        return gpu_rms_norm([x, weight], eps);
     }
     apply(RmsNorm { eps: eps as f32 }, [x, weight])
 }
 
-/// The oracle, and the GPU path: RMSNorm composed of burn ops, in f32 as
-/// transformers computes it.
+#[cfg(feature = "cube")]
+fn gpu_rms_norm(inputs: [Tensor<2>; 2], eps: f64) -> Result<Tensor<2>, UnsupportedTensor> {
+    cube::rms_norm(inputs, eps as f32)
+}
+
+#[cfg(not(feature = "cube"))]
+fn gpu_rms_norm([x, weight]: [Tensor<2>; 2], eps: f64) -> Result<Tensor<2>, UnsupportedTensor> {
+    Ok(composed_rms_norm(x, weight, eps))
+}
+
+/// The oracle: RMSNorm composed of burn ops, in f32 as transformers
+/// computes it.
 pub fn composed_rms_norm(x: Tensor<2>, weight: Tensor<2>, eps: f64) -> Tensor<2> {
     let mean_square = x.clone().powi_scalar(2).mean_dim(1);
     x * (mean_square + eps).sqrt().recip() * weight
