@@ -1,6 +1,6 @@
 //! padfree on a GPU (feature `wgpu`; CI runs it on Mesa's lavapipe, a
-//! Vulkan device in software): the CubeCL varlen attention, RMSNorm and
-//! SwiGLU against their composed oracles and the CPU kernels, output and every
+//! Vulkan device in software): the CubeCL varlen attention, RMSNorm,
+//! SwiGLU and cross-entropy against their composed oracles and the CPU kernels, output and every
 //! input gradient; the
 //! HF fixtures on the device against transformers; the model's fused loss
 //! on the device against the same model on the CPU.
@@ -21,11 +21,11 @@ mod common;
 use common::{assert_close, examples, host, param_grads};
 use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::kernels::{
-    AttentionRows, CausalMasks, composed_rms_norm, composed_swiglu, composed_varlen_attention,
-    rms_norm, swiglu, varlen_attention,
+    AttentionRows, CausalMasks, composed_cross_entropy_sum, composed_rms_norm, composed_swiglu,
+    composed_varlen_attention, cross_entropy_sum, rms_norm, swiglu, varlen_attention,
 };
 use padfree_model::tensor::{
-    Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, trainable,
+    Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, int_tensor_nd, trainable,
 };
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput};
 use padfree_pack::{BatchMeta, SplitMix64, flatten, pad};
@@ -215,6 +215,79 @@ fn cubecl_swiglu_matches_the_oracle_and_the_cpu() {
         |gate, up| swiglu(gate, up).expect("the kernel takes these"),
         composed_swiglu,
     );
+}
+
+/// The summed loss and `d_logits` of `loss * 0.7` through `loss_of` on
+/// `device`, for logits `[K, V]` (random, scale 3) and `targets`.
+fn loss_and_grad(
+    device: &Device,
+    (rows, vocab): (usize, usize),
+    loss_of: impl Fn(Tensor<2>) -> Tensor<1>,
+) -> (Vec<f32>, Vec<f32>) {
+    let logits = trainable(float_tensor(
+        random(rows * vocab, 21, 3.0),
+        [rows, vocab],
+        device,
+    ));
+    let loss = loss_of(logits.clone());
+    let grads = backward(&(loss.clone() * 0.7));
+    (
+        loss.into_vec(),
+        grad(&logits, &grads).expect("a gradient").into_vec(),
+    )
+}
+
+/// The CubeCL cross-entropy against the composed oracle on the GPU and the
+/// host kernel on the CPU: the summed loss and `d_logits`, for SmolLM2's
+/// vocabulary, an odd one, and one row; targets at both ends of the
+/// vocabulary.
+#[test]
+fn cubecl_cross_entropy_matches_the_oracle_and_the_cpu() {
+    let (gpu, cpu) = (gpu().autodiff(), cpu_device(true));
+    for (rows, vocab) in [(9, 49152), (5, 37), (1, 8)] {
+        let targets: Vec<usize> = (0..rows).map(|k| (k * 7919) % vocab).collect();
+        let targets = [&targets[..rows - 1], &[vocab - 1]].concat();
+        let fused = |device: &Device| {
+            loss_and_grad(device, (rows, vocab), |logits| {
+                cross_entropy_sum(logits, &targets).expect("the kernel takes these")
+            })
+        };
+        let (gpu_loss, gpu_grad) = fused(&gpu);
+        let ids: Vec<i64> = targets.iter().map(|&t| t as i64).collect();
+        let (oracle_loss, oracle_grad) = loss_and_grad(&gpu, (rows, vocab), |logits| {
+            composed_cross_entropy_sum(logits, int_tensor_nd(ids.clone(), [rows], &gpu))
+        });
+        let (cpu_loss, cpu_grad) = fused(&cpu);
+        let what = format!("[K, V] = [{rows}, {vocab}]");
+        assert_close(
+            &format!("{what}: loss vs oracle"),
+            &gpu_loss,
+            &oracle_loss,
+            ATOL,
+            RTOL,
+        );
+        assert_close(
+            &format!("{what}: loss vs CPU"),
+            &gpu_loss,
+            &cpu_loss,
+            ATOL,
+            RTOL,
+        );
+        assert_close(
+            &format!("{what}: d_logits vs oracle"),
+            &gpu_grad,
+            &oracle_grad,
+            ATOL,
+            RTOL,
+        );
+        assert_close(
+            &format!("{what}: d_logits vs CPU"),
+            &gpu_grad,
+            &cpu_grad,
+            ATOL,
+            RTOL,
+        );
+    }
 }
 
 #[test]

@@ -52,13 +52,14 @@ pub(crate) trait CubeOp<const N: usize>: Send + 'static {
     fn backward(saved: &Self::Saved, d_out: CubeTensor) -> [CubeTensor; N];
 }
 
-/// `op` on `inputs` (plain, or on an autodiff device of the CubeCL
-/// backend), differentiable: its backward pass reads what its forward pass
-/// saved (no recomputation, under checkpointing too).
-pub(crate) fn apply<O: CubeOp<N>, const D: usize, const N: usize>(
+/// `op` on `inputs` of rank `D` (plain, or on an autodiff device of the
+/// CubeCL backend), its output of rank `R`, differentiable: its backward
+/// pass reads what its forward pass saved (no recomputation, under
+/// checkpointing too).
+pub(crate) fn apply<O: CubeOp<N>, const D: usize, const R: usize, const N: usize>(
     op: &O,
     inputs: [BurnTensor<D>; N],
-) -> Result<BurnTensor<D>, UnsupportedTensor> {
+) -> Result<BurnTensor<R>, UnsupportedTensor> {
     let unsupported = |err| UnsupportedTensor(format!("{err:?}"));
     if !inputs[0].is_autodiff() {
         let mut plain = Vec::with_capacity(N);

@@ -85,7 +85,7 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
     }
     vec![
         ("varlen attention", "CubeCL kernel"),
-        ("cross-entropy", "composed burn ops (no CubeCL kernel yet)"),
+        ("cross-entropy", "CubeCL kernel"),
         ("RMSNorm", "CubeCL kernel"),
         ("SwiGLU", "CubeCL kernel"),
         ("RoPE", "composed burn ops (no CubeCL kernel yet)"),

@@ -9,7 +9,8 @@
 //! independent and split over rayon's threads.
 //!
 //! This file holds the differentiable burn op ([`cross_entropy_sum`]), the
-//! host kernel, and the composed oracle ([`composed_cross_entropy_sum`]).
+//! host kernel, and the composed oracle ([`composed_cross_entropy_sum`]);
+//! `cube.rs` the CubeCL body for GPUs.
 //!
 //! # Shapes
 //! `K` labelled rows, `V` vocabulary. `logits`, `d_logits`: `[K, V]`;
@@ -25,6 +26,9 @@ use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
 use rayon::prelude::*;
 
+#[cfg(feature = "cube")]
+mod cube;
+
 // ---- the differentiable burn op ----
 
 /// `[1]`: the summed `-log softmax(logits)[target]` over the rows of
@@ -35,18 +39,31 @@ pub fn cross_entropy_sum(
 ) -> Result<Tensor<1>, UnsupportedTensor> {
     let device = logits.device();
     if !is_cpu(&device) {
-        // burn's own kernels until a CubeCL body is written (docs/gpu.md).
-        let targets: Vec<i64> = targets.iter().map(|&t| t as i64).collect();
-        let len = targets.len();
-        return Ok(composed_cross_entropy_sum(
-            logits,
-            int_tensor_nd(targets, [len], &device),
-        ));
+        return gpu_cross_entropy_sum(logits, targets, &device);
     }
     let op = CrossEntropy {
         targets: Arc::new(targets.to_vec()),
     };
     apply(op, [logits])
+}
+
+/// The CubeCL body (`cube.rs`), or with no row, or in a build without GPU
+/// kernels, [`composed_cross_entropy_sum`].
+fn gpu_cross_entropy_sum(
+    logits: Tensor<2>,
+    targets: &[usize],
+    device: &crate::tensor::Device,
+) -> Result<Tensor<1>, UnsupportedTensor> {
+    #[cfg(feature = "cube")]
+    if !targets.is_empty() {
+        return cube::cross_entropy_sum(logits, targets, device);
+    }
+    let targets: Vec<i64> = targets.iter().map(|&t| t as i64).collect();
+    let len = targets.len();
+    Ok(composed_cross_entropy_sum(
+        logits,
+        int_tensor_nd(targets, [len], device),
+    ))
 }
 
 #[derive(Debug, Clone)]
