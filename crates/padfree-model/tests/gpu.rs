@@ -193,8 +193,9 @@ fn two_input_case(
     }
 }
 
-/// The CubeCL RMSNorm: `dweight` sums over every row; SmolLM2's width, an
-/// odd one, a single row.
+/// The CubeCL RMSNorm: `dweight` sums over every row; SmolLM2's width
+/// (more channels than a workgroup's threads), an odd one (fewer), a single
+/// row.
 #[test]
 fn cubecl_rms_norm_matches_the_oracle_and_the_cpu() {
     let eps = 1e-5;
@@ -204,6 +205,23 @@ fn cubecl_rms_norm_matches_the_oracle_and_the_cpu() {
         |x, w| rms_norm(x, w, eps).expect("the kernel takes these"),
         |x, w| composed_rms_norm(x, w, eps),
     );
+}
+
+/// More rows than one grid dimension holds (65,535 workgroups): the rows
+/// past it are laid on the grid's second dimension. `y` and `dx` against
+/// the oracle; not `dweight`, a sum over 65,537 rows whose f32 rounding
+/// depends on the order (the oracle and the CPU kernel differ there by
+/// 0.1-0.8% themselves).
+#[test]
+fn cubecl_rms_norm_takes_more_rows_than_a_grid_dimension() {
+    let (gpu, eps, shapes) = (gpu().autodiff(), 1e-5, [[65_537, 2], [1, 2]]);
+    let (y, [dx, _]) = two_input_op_and_grads(&gpu, shapes, |x, w| {
+        rms_norm(x, w, eps).expect("the kernel takes these")
+    });
+    let (oracle_y, [oracle_dx, _]) =
+        two_input_op_and_grads(&gpu, shapes, |x, w| composed_rms_norm(x, w, eps));
+    assert_close("65,537 rows: y", &y, &oracle_y, ATOL, RTOL);
+    assert_close("65,537 rows: dx", &dx, &oracle_dx, ATOL, RTOL);
 }
 
 /// The CubeCL SwiGLU gate: SmolLM2's intermediate width, an odd shape.

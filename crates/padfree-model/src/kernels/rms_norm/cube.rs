@@ -3,12 +3,15 @@
 //! seven forward and twice that backward (each a kernel launch and a
 //! buffer of `[N, C]`).
 //!
-//! - forward: one invocation per row sums the row's squares, then writes
-//!   `y = x * r * weight` and the row's `r = 1 / rms` (saved for backward);
-//! - backward: one invocation per row for `dx = r * g - x * r^3 / C *
-//!   sum(g * x)` with `g = dy * weight`; one per channel for `dweight =
-//!   sum over rows of dy * x * r`, rows in order: no atomics, the same sum
-//!   on every run.
+//! - forward: a workgroup per row; its threads read neighbouring channels
+//!   (coalesced), their sums of squares meet in shared memory through a
+//!   tree in a fixed order, then they write `y = x * r * weight` and the
+//!   row's `r = 1 / rms` (saved for backward);
+//! - backward: a workgroup per row the same way for `dx = r * g - x * r^3
+//!   / C * sum(g * x)` with `g = dy * weight`; one invocation per channel
+//!   for `dweight = sum over rows of dy * x * r`, rows in order (neighbouring
+//!   invocations read neighbouring channels): no atomics, the same sums on
+//!   every run.
 //!
 //! # Shapes
 //! `x`, `y`, `dy`, `dx`: `[N, C]`; `weight`, `dweight`: `[1, C]`; `inv_rms`:
@@ -18,6 +21,7 @@ use burn::tensor::Tensor as BurnTensor;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
+use cubecl::{CubeCount, CubeDim};
 
 use crate::kernels::cube_op::{CubeOp, apply, empty_like, grid};
 use crate::kernels::host_op::UnsupportedTensor;
@@ -30,19 +34,43 @@ fn forward_kernel(
     inv_rms: &mut Tensor<f32>,
     eps: f32,
     #[comptime] channels: usize,
+    #[comptime] threads: usize,
 ) {
-    let row = ABSOLUTE_POS;
-    if row < inv_rms.len() {
-        let base = row * channels;
-        let mut sum = 0.0f32;
-        for c in 0..channels {
-            let v = x[base + c];
-            sum += v * v;
+    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    if row >= inv_rms.len() {
+        terminate!();
+    }
+    let lane = UNIT_POS_X as usize;
+    let step = CUBE_DIM_X as usize;
+    let base = row * channels;
+    // Neighbouring threads read neighbouring channels.
+    let mut partial = Shared::<[f32]>::new_slice(threads);
+    let mut sum = 0.0f32;
+    let mut c = lane;
+    while c < channels {
+        let v = x[base + c];
+        sum += v * v;
+        c += step;
+    }
+    partial[lane] = sum;
+    sync_cube();
+    // A tree over the threads, in a fixed order: the same sum every run.
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if lane < stride {
+            let both = partial[lane] + partial[lane + stride];
+            partial[lane] = both;
         }
-        let r = 1.0f32 / (sum / f32::cast_from(channels) + eps).sqrt();
-        for c in 0..channels {
-            y[base + c] = x[base + c] * r * weight[c];
-        }
+        sync_cube();
+        stride /= 2;
+    }
+    let r = 1.0f32 / (partial[0] / f32::cast_from(channels) + eps).sqrt();
+    let mut c = lane;
+    while c < channels {
+        y[base + c] = x[base + c] * r * weight[c];
+        c += step;
+    }
+    if lane == 0 {
         inv_rms[row] = r;
     }
 }
@@ -55,19 +83,39 @@ fn dx_kernel(
     dy: &Tensor<f32>,
     dx: &mut Tensor<f32>,
     #[comptime] channels: usize,
+    #[comptime] threads: usize,
 ) {
-    let row = ABSOLUTE_POS;
-    if row < inv_rms.len() {
-        let base = row * channels;
-        let r = inv_rms[row];
-        let mut dot = 0.0f32;
-        for c in 0..channels {
-            dot += dy[base + c] * weight[c] * x[base + c];
+    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    if row >= inv_rms.len() {
+        terminate!();
+    }
+    let lane = UNIT_POS_X as usize;
+    let step = CUBE_DIM_X as usize;
+    let base = row * channels;
+    let r = inv_rms[row];
+    let mut partial = Shared::<[f32]>::new_slice(threads);
+    let mut dot = 0.0f32;
+    let mut c = lane;
+    while c < channels {
+        dot += dy[base + c] * weight[c] * x[base + c];
+        c += step;
+    }
+    partial[lane] = dot;
+    sync_cube();
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if lane < stride {
+            let both = partial[lane] + partial[lane + stride];
+            partial[lane] = both;
         }
-        let correction = r * r * r / f32::cast_from(channels) * dot;
-        for c in 0..channels {
-            dx[base + c] = r * dy[base + c] * weight[c] - x[base + c] * correction;
-        }
+        sync_cube();
+        stride /= 2;
+    }
+    let correction = r * r * r / f32::cast_from(channels) * partial[0];
+    let mut c = lane;
+    while c < channels {
+        dx[base + c] = r * dy[base + c] * weight[c] - x[base + c] * correction;
+        c += step;
     }
 }
 
@@ -88,6 +136,23 @@ fn dweight_kernel(
         }
         dweight[c] = sum;
     }
+}
+
+/// A workgroup of `threads` (a power of two, at most 256 and what the
+/// device takes) per row, the rows laid over a 2-D grid (a grid dimension
+/// holds at most 65,535 workgroups).
+fn row_groups(reference: &CubeTensor, rows: usize) -> (CubeCount, CubeDim, usize) {
+    let most = reference
+        .client
+        .properties()
+        .hardware
+        .max_cube_dim
+        .0
+        .clamp(1, 256);
+    let threads = 1usize << most.ilog2();
+    let wide = rows.clamp(1, 65_535);
+    let count = CubeCount::Static(wide as u32, rows.div_ceil(wide).max(1) as u32, 1);
+    (count, CubeDim::new_1d(threads as u32), threads)
 }
 
 /// The differentiable op on a CubeCL device: `x` `[N, C]`, `weight`
@@ -119,7 +184,7 @@ impl CubeOp<2> for RmsNorm {
         let (rows, channels) = (x.meta.shape()[0], x.meta.shape()[1]);
         let y = empty_like(&x, vec![rows, channels]);
         let inv_rms = empty_like(&x, vec![rows]);
-        let (count, dim) = grid(&x, rows);
+        let (count, dim, threads) = row_groups(&x, rows);
         forward_kernel::launch(
             &x.client,
             count,
@@ -130,6 +195,7 @@ impl CubeOp<2> for RmsNorm {
             inv_rms.clone().into_tensor_arg(),
             self.eps,
             channels,
+            threads,
         );
         (y, Saved { x, weight, inv_rms })
     }
@@ -139,7 +205,7 @@ impl CubeOp<2> for RmsNorm {
         let dy = into_contiguous(dy);
         let (rows, channels) = (x.meta.shape()[0], x.meta.shape()[1]);
         let dx = empty_like(x, vec![rows, channels]);
-        let (count, dim) = grid(x, rows);
+        let (count, dim, threads) = row_groups(x, rows);
         dx_kernel::launch(
             &x.client,
             count,
@@ -150,6 +216,7 @@ impl CubeOp<2> for RmsNorm {
             dy.clone().into_tensor_arg(),
             dx.clone().into_tensor_arg(),
             channels,
+            threads,
         );
         let dweight = empty_like(x, vec![1, channels]);
         let (count, dim) = grid(x, channels);
