@@ -45,19 +45,9 @@ pub(super) fn data_set(
     tokenizer: Option<&TextTokenizer>,
     config: &TokenizeConfig,
 ) -> anyhow::Result<(PathBuf, DataSet)> {
-    let ranks = comm.filter(|comm| comm.world_size() > 1);
+    let mut ranks = comm.filter(|comm| comm.world_size() > 1);
     if let Some(path) = path {
         exists(flag, path)?;
-        if ranks.is_none()
-            && crate::allocator::is_tuned()
-            && let Some((dataset, used)) = helper::tokenize(cache, fields, path, tokenizer, config)?
-        {
-            if let Some(used) = used {
-                say!("data cache: {}: {used}", path.display());
-            }
-            warn_unused_fields(path, &dataset, fields);
-            return Ok((path.to_owned(), dataset));
-        }
         // Ranks that all find the entry read their examples from it, no
         // record read; else they build it without holding it: each rank's
         // share (a range of record numbers) is streamed into a share entry
@@ -98,6 +88,18 @@ pub(super) fn data_set(
                 warn_unused_fields(path, &dataset, fields);
                 return Ok((path.to_owned(), dataset));
             }
+        }
+        // One process, ranks without a cache, or ranks that could not share
+        // it: this process builds the data set alone.
+        ranks = None;
+        if crate::allocator::is_tuned()
+            && let Some((dataset, used)) = helper::tokenize(cache, fields, path, tokenizer, config)?
+        {
+            if let Some(used) = used {
+                say!("data cache: {}: {used}", path.display());
+            }
+            warn_unused_fields(path, &dataset, fields);
+            return Ok((path.to_owned(), dataset));
         }
     }
     let (file, records) = read_data(path, embedded, fields)?;
@@ -171,19 +173,14 @@ fn tokenize_data(
         tokenizer,
         config,
     };
-    // A rank of a tuned job has a helper tokenize its share on every core
-    // it has (`data/helper.rs`).
-    let writer = |range: std::ops::Range<usize>, share_key: &str| {
-        helper::write_share((&cache, fields), file, tokenizer, config, range, share_key)
-    };
-    let share_writer: Option<&ShareWriter<'_>> =
-        (embedded.is_none() && crate::allocator::is_tuned()).then_some(&writer);
+    // Ranks get here only with the shipped data (a data file is built
+    // above, shared or alone).
     let result = match ranks {
         Some(comm) => cache.tokenize_on_ranks(
             file,
             records,
             &parts,
-            (&CommRanks(comm), share_writer),
+            (&CommRanks(comm), None),
             &mut progress,
         ),
         None => cache.tokenize(file, records, &parts, &mut progress),

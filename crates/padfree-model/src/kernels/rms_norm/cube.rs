@@ -26,6 +26,27 @@ use cubecl::{CubeCount, CubeDim};
 use crate::kernels::cube_op::{CubeOp, apply, empty_like, grid};
 use crate::kernels::host_op::UnsupportedTensor;
 
+/// The sum of every thread's `value` over the workgroup (of `threads`, a
+/// power of two), on every thread: a tree through shared memory in a fixed
+/// order, so the same sum on every run.
+#[cube]
+fn workgroup_sum(value: f32, #[comptime] threads: usize) -> f32 {
+    let lane = UNIT_POS_X as usize;
+    let mut partial = Shared::<[f32]>::new_slice(threads);
+    partial[lane] = value;
+    sync_cube();
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if lane < stride {
+            let both = partial[lane] + partial[lane + stride];
+            partial[lane] = both;
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    partial[0]
+}
+
 #[cube(launch)]
 fn forward_kernel(
     x: &Tensor<f32>,
@@ -44,7 +65,6 @@ fn forward_kernel(
     let step = CUBE_DIM_X as usize;
     let base = row * channels;
     // Neighbouring threads read neighbouring channels.
-    let mut partial = Shared::<[f32]>::new_slice(threads);
     let mut sum = 0.0f32;
     let mut c = lane;
     while c < channels {
@@ -52,19 +72,8 @@ fn forward_kernel(
         sum += v * v;
         c += step;
     }
-    partial[lane] = sum;
-    sync_cube();
-    // A tree over the threads, in a fixed order: the same sum every run.
-    let mut stride = CUBE_DIM_X as usize / 2;
-    while stride > 0 {
-        if lane < stride {
-            let both = partial[lane] + partial[lane + stride];
-            partial[lane] = both;
-        }
-        sync_cube();
-        stride /= 2;
-    }
-    let r = 1.0f32 / (partial[0] / f32::cast_from(channels) + eps).sqrt();
+    let sum = workgroup_sum(sum, threads);
+    let r = 1.0f32 / (sum / f32::cast_from(channels) + eps).sqrt();
     let mut c = lane;
     while c < channels {
         y[base + c] = x[base + c] * r * weight[c];
@@ -93,25 +102,14 @@ fn dx_kernel(
     let step = CUBE_DIM_X as usize;
     let base = row * channels;
     let r = inv_rms[row];
-    let mut partial = Shared::<[f32]>::new_slice(threads);
     let mut dot = 0.0f32;
     let mut c = lane;
     while c < channels {
         dot += dy[base + c] * weight[c] * x[base + c];
         c += step;
     }
-    partial[lane] = dot;
-    sync_cube();
-    let mut stride = CUBE_DIM_X as usize / 2;
-    while stride > 0 {
-        if lane < stride {
-            let both = partial[lane] + partial[lane + stride];
-            partial[lane] = both;
-        }
-        sync_cube();
-        stride /= 2;
-    }
-    let correction = r * r * r / f32::cast_from(channels) * partial[0];
+    let dot = workgroup_sum(dot, threads);
+    let correction = r * r * r / f32::cast_from(channels) * dot;
     let mut c = lane;
     while c < channels {
         dx[base + c] = r * dy[base + c] * weight[c] - x[base + c] * correction;
