@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # padfree on a real GPU against HF transformers on the same batches: a
 # SmolLM2-135M-shaped and a 1B-shaped (TinyLlama-1.1B) Llama, randomly
-# initialised, padded vs padding-free, padfree through Vulkan and through
+# initialised, padded vs padding-free (the tiled CubeCL attention), padfree through Vulkan and through
 # CUDA (GPU_BENCH_DEVICES, default "vulkan cuda"; a device the binary or
 # the machine cannot open is said and skipped), HF through CUDA (sdpa in
 # float32, as padfree; flash-attention 2 in bfloat16 where `flash_attn` is
-# installed, since it has no float32). Prints real tokens/s, peak memory
+# installed, since it has no float32). Prints real tokens/s, device memory
 # and MFU against the GPU's float32 peak, and writes $out/gpu-bench.md.
 #
 # Needs nothing built on the GPU machine: a padfree built elsewhere with
@@ -104,7 +104,7 @@ import json, os, sys
 out, peak, flash = sys.argv[1], float(sys.argv[2]) * 1e12, sys.argv[3]
 lines = [f"# padfree on a GPU ({open(os.path.join(out, 'gpu.txt')).read().strip() or 'GPU unknown'})", "",
          f"MFU against {peak / 1e12:.0f} TFLOP/s (float32 peak). Flash-attention 2 installed: {flash}.", "",
-         "| model | mode | real tokens/s | padded tokens | peak memory | MFU | final loss |",
+         "| model | mode | real tokens/s | padded tokens | device memory | MFU | final loss |",
          "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
 for model in ["smollm2-135m", "llama-1b"]:
     rows = []
@@ -123,12 +123,13 @@ for model in ["smollm2-135m", "llama-1b"]:
     flops = next((r["model_flops"] for r in rows if r.get("model_flops")), None)
     for r in rows:
         mfu = f"{100 * flops / r['train_runtime'] / peak:.1f}%" if flops else "-"
-        mem = r.get("peak_memory_bytes")
+        # padfree's rows: device memory its runtime held; HF's: CUDA's peak.
+        mem = r.get("peak_device_memory_bytes") or r.get("peak_memory_bytes")
         mem = f"{mem / 2**30:.2f} GiB" if mem else "-"
         padded = r["fed_tokens"] - r["real_tokens"]
         lines.append(f"| {model} | {r['mode']} | {r['real_tokens_per_second']:.0f} | {padded} | {mem} | {mfu} | {r['final_loss']:.4f} |")
-lines += ["", "padfree rows: peak memory is the host process's resident high-water mark, not device memory;",
-          "HF rows on CUDA: torch.cuda.max_memory_allocated."]
+lines += ["", "Device memory: padfree rows, the most its GPU runtime's pools held after a step",
+          "(cubecl's memory report); HF rows on CUDA, torch.cuda.max_memory_allocated."]
 text = "\n".join(lines) + "\n"
 open(os.path.join(out, "gpu-bench.md"), "w").write(text)
 print(text)

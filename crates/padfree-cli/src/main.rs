@@ -42,7 +42,7 @@ fn main() -> std::process::ExitCode {
         Ok(true) => std::process::ExitCode::from(commands::train::INTERRUPTED_EXIT),
         Err(err) => {
             eprintln!("error: {err:#}");
-            ranks::end_job_after_error();
+            ranks::end_after(&err);
             std::process::ExitCode::FAILURE
         }
     }

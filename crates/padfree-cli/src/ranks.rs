@@ -4,7 +4,10 @@
 //! Under MPI, rank 0 alone prints and writes; every rank uses
 //! `cores / ranks on this node` threads unless `RAYON_NUM_THREADS` says
 //! otherwise; an error on one rank ends the whole job (`MPI_Abort`) instead
-//! of leaving the others waiting in their next collective.
+//! of leaving the others waiting in their next collective. An error every
+//! rank reached together ([`EveryRank`]: a bad record of a shared cold
+//! start) is said by every rank, which then ends as after success: the
+//! first to fail does not kill the others before they speak.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -87,6 +90,36 @@ fn open() -> anyhow::Result<Box<dyn Communicator>> {
         );
     }
     Ok(Box::new(SingleProcess))
+}
+
+/// An error every rank of the job reached at the same point, after the
+/// same collective (a bad record found in a shared cold start): said as
+/// its inner error says itself.
+#[derive(Debug)]
+pub struct EveryRank(pub padfree_data::DataError);
+
+impl std::fmt::Display for EveryRank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for EveryRank {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// After `err` has been printed: an [`EveryRank`] error ends this rank as
+/// success does (every rank reaches MPI's finalisation); any other, under
+/// MPI, ends every rank now (the others may be waiting for this one in a
+/// collective).
+pub fn end_after(err: &anyhow::Error) {
+    if err.downcast_ref::<EveryRank>().is_some() {
+        finish();
+    } else {
+        end_job_after_error();
+    }
 }
 
 /// After an error has been printed: under MPI, end every rank now (the

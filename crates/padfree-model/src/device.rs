@@ -181,6 +181,34 @@ pub fn open_device(choice: DeviceChoice) -> Result<OpenedDevice, DeviceError> {
 
 /// burn's CUDA runtime, built offline (feature `cuda`: NVRTC compiles the
 /// kernels; `docs/gpu.md`, "The CUDA build").
+/// Bytes of device memory burn's CubeCL runtime holds on `device` (its
+/// pools' reservations from the driver, every stream), or `None` on the
+/// CPU and in a build without GPU runtimes. The pools keep what they
+/// reserved, so read after a step this is the step's high-water mark to
+/// the pools' page size.
+pub fn device_memory_reserved(device: &Device) -> Option<u64> {
+    if crate::kernels::on_cpu(device) {
+        return None;
+    }
+    reserved_on_gpu(device)
+}
+
+#[cfg(feature = "cube")]
+fn reserved_on_gpu(device: &Device) -> Option<u64> {
+    // Any tensor of the device reaches its runtime's client.
+    let probe = crate::tensor::float_tensor(vec![0.0], [1], &device.clone().inner());
+    let tensor = probe
+        .try_into_primitive::<burn_cubecl::CubeBackend>()
+        .ok()?;
+    let report = tensor.client.memory_report(cubecl::MemoryScope::Device);
+    Some(report.usage().bytes_reserved)
+}
+
+#[cfg(not(feature = "cube"))]
+fn reserved_on_gpu(_: &Device) -> Option<u64> {
+    None
+}
+
 #[cfg(not(feature = "cuda"))]
 mod cuda {
     use super::{DeviceChoice, DeviceError, OpenedDevice};

@@ -1,7 +1,9 @@
 use padfree_pack::IGNORE_INDEX;
 
 use crate::error::ModelError;
-use crate::kernels::{composed_cross_entropy_sum, cross_entropy_sum};
+use crate::kernels::{
+    composed_cross_entropy_sum, cross_entropy_sum, head_chunk_rows, head_cross_entropy_sum,
+};
 use crate::tensor::{Device, Int, IntoHostVec, Tensor, int_tensor_nd};
 
 /// The summed cross-entropy of a batch and the number of label tokens in it.
@@ -140,6 +142,23 @@ impl LossSum {
             num_tokens: 0,
         }
     }
+}
+
+/// Summed cross-entropy of the labelled rows' hidden states `kept` (`[K,
+/// C]`) through the LM head `head` (`[V, C]`) in one op, the logits made in
+/// chunks of rows and never kept (`kernels/cross_entropy`): the GPU's path.
+pub(crate) fn fused_head_cross_entropy_sum(
+    kept: Tensor<2>,
+    head: Tensor<2>,
+    labels: &LabelRows,
+) -> Result<LossSum, ModelError> {
+    let targets: Vec<usize> = labels.targets.iter().map(|&t| t as usize).collect();
+    let chunk_rows = head_chunk_rows(head.dims()[0]);
+    let sum = head_cross_entropy_sum(kept, head, &targets, chunk_rows)?;
+    Ok(LossSum {
+        sum,
+        num_tokens: labels.len(),
+    })
 }
 
 /// Summed cross-entropy of the labelled rows' logits, `[K, V]`, through the

@@ -15,7 +15,7 @@ use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
 use crate::lora::{DropoutDraw, Lora, LoraTarget};
-use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum};
+use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum, fused_head_cross_entropy_sum};
 use crate::precision::Bf16Weights;
 use crate::tensor::{
     Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, frozen, int_tensor, linear,
@@ -406,6 +406,11 @@ impl LlamaModel {
             return Ok(LossSum::empty(hidden));
         }
         let kept = hidden.select(0, labels.rows_tensor(&self.device));
+        // On a GPU the head and the loss are one op that never holds the
+        // `[K, V]` logits (f32 there: bf16 is the CPU's).
+        if self.bf16.is_none() && !crate::kernels::on_cpu(&self.device) {
+            return fused_head_cross_entropy_sum(kept, self.head().value.clone(), &labels);
+        }
         fused_cross_entropy_sum(self.head_product(kept)?, &labels)
     }
 

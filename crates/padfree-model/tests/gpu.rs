@@ -21,8 +21,9 @@ mod common;
 use common::{assert_close, examples, host, param_grads};
 use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::kernels::{
-    AttentionRows, CausalMasks, composed_cross_entropy_sum, composed_rms_norm, composed_swiglu,
-    composed_varlen_attention, cross_entropy_sum, rms_norm, swiglu, varlen_attention,
+    AttentionRows, CausalMasks, RopeTables, composed_cross_entropy_sum, composed_rms_norm,
+    composed_rope, composed_swiglu, composed_varlen_attention, cross_entropy_sum,
+    head_cross_entropy_sum, per_row_varlen_attention, rms_norm, rope, swiglu, varlen_attention,
 };
 use padfree_model::tensor::{
     Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, int_tensor_nd, trainable,
@@ -76,8 +77,9 @@ fn attention_and_grads(
     (out.into_vec(), [g(&q), g(&k), g(&v)])
 }
 
-/// The CubeCL kernel against the composed oracle on the GPU and the host
-/// kernel on the CPU, for ragged examples (a one-token one included).
+/// The tiled CubeCL kernel against the per-row CubeCL kernel and the
+/// composed oracle on the GPU, and the host kernel on the CPU, for ragged
+/// examples.
 fn kernel_case(heads: usize, kv_heads: usize, head_dim: usize, lengths: &[usize]) {
     let gpu = gpu().autodiff();
     let cpu = cpu_device(true);
@@ -92,49 +94,46 @@ fn kernel_case(heads: usize, kv_heads: usize, head_dim: usize, lengths: &[usize]
         random(t * heads * head_dim, 4, 1.0),
     ];
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let fused_on = |device: &Device| {
+    let fused_on = |device: &Device, per_row: bool| {
         let rows = AttentionRows::new(meta.cu_seqlens_shared(), device);
         attention_and_grads(device, &values, [q_shape, kv_shape], move |q, k, v| {
-            varlen_attention(q, k, v, &rows, scale).expect("the kernel takes these")
+            let out = if per_row {
+                per_row_varlen_attention(q, k, v, &rows, scale)
+            } else {
+                varlen_attention(q, k, v, &rows, scale)
+            };
+            out.expect("the kernel takes these")
         })
     };
-    let (gpu_out, gpu_grads) = fused_on(&gpu);
+    let tiled = fused_on(&gpu, false);
+    let per_row = fused_on(&gpu, true);
     let masks = CausalMasks::new(meta.seq_lens(), &gpu);
-    let (oracle_out, oracle_grads) =
-        attention_and_grads(&gpu, &values, [q_shape, kv_shape], |q, k, v| {
-            composed_varlen_attention(q, k, v, &meta, &masks)
-        });
-    let (cpu_out, cpu_grads) = fused_on(&cpu);
+    let oracle = attention_and_grads(&gpu, &values, [q_shape, kv_shape], |q, k, v| {
+        composed_varlen_attention(q, k, v, &meta, &masks)
+    });
+    let on_cpu = fused_on(&cpu, false);
     let what = format!("H={heads} Hkv={kv_heads} D={head_dim} lengths {lengths:?}");
-    assert_close(
-        &format!("{what}: output vs oracle"),
-        &gpu_out,
-        &oracle_out,
-        ATOL,
-        RTOL,
-    );
-    assert_close(
-        &format!("{what}: output vs CPU"),
-        &gpu_out,
-        &cpu_out,
-        ATOL,
-        RTOL,
-    );
-    for (i, name) in ["dq", "dk", "dv"].iter().enumerate() {
+    for (name, (out, grads)) in [
+        ("per-row kernel", &per_row),
+        ("composed oracle", &oracle),
+        ("CPU", &on_cpu),
+    ] {
         assert_close(
-            &format!("{what}: {name} vs oracle"),
-            &gpu_grads[i],
-            &oracle_grads[i],
+            &format!("{what}: output vs {name}"),
+            &tiled.0,
+            out,
             ATOL,
             RTOL,
         );
-        assert_close(
-            &format!("{what}: {name} vs CPU"),
-            &gpu_grads[i],
-            &cpu_grads[i],
-            ATOL,
-            RTOL,
-        );
+        for (i, grad) in ["dq", "dk", "dv"].iter().enumerate() {
+            assert_close(
+                &format!("{what}: {grad} vs {name}"),
+                &tiled.1[i],
+                &grads[i],
+                ATOL,
+                RTOL,
+            );
+        }
     }
 }
 
@@ -262,7 +261,9 @@ fn loss_and_grad(
 #[test]
 fn cubecl_cross_entropy_matches_the_oracle_and_the_cpu() {
     let (gpu, cpu) = (gpu().autodiff(), cpu_device(true));
-    for (rows, vocab) in [(9, 49152), (5, 37), (1, 8)] {
+    // Llama 3's vocabulary (128,256) is past lavapipe's 65,535 loop
+    // iterations for one invocation a row; a workgroup a row loops 501 times.
+    for (rows, vocab) in [(9, 49152), (5, 37), (1, 8), (2, 128_256)] {
         let targets: Vec<usize> = (0..rows).map(|k| (k * 7919) % vocab).collect();
         let targets = [&targets[..rows - 1], &[vocab - 1]].concat();
         let fused = |device: &Device| {
@@ -308,6 +309,125 @@ fn cubecl_cross_entropy_matches_the_oracle_and_the_cpu() {
     }
 }
 
+/// Loss, `dx` and `dhead` of `0.7 * loss_of(x, head)` for random `x`
+/// `[K, C]` and `head` `[V, C]` on `device`.
+fn head_loss_and_grads(
+    device: &Device,
+    [rows, channels, vocab]: [usize; 3],
+    loss_of: impl Fn(Tensor<2>, Tensor<2>) -> Tensor<1>,
+) -> (Vec<f32>, [Vec<f32>; 2]) {
+    let leaf = |shape: [usize; 2], seed| {
+        trainable(float_tensor(
+            random(shape[0] * shape[1], seed, 1.0),
+            shape,
+            device,
+        ))
+    };
+    let (x, head) = (leaf([rows, channels], 31), leaf([vocab, channels], 32));
+    let loss = loss_of(x.clone(), head.clone());
+    let grads = backward(&(loss.clone() * 0.7));
+    let g = |t: &Tensor<2>| grad(t, &grads).expect("a gradient").into_vec();
+    (loss.into_vec(), [g(&x), g(&head)])
+}
+
+/// The LM head and the cross-entropy in one op on the GPU, its logits made
+/// in chunks of rows and never kept, against the unchunked head product and
+/// fused cross-entropy on the GPU and the same on the CPU: chunks of one
+/// row, of rows that do not divide `K`, one chunk of all rows, one larger
+/// than `K`.
+#[test]
+fn the_head_and_cross_entropy_in_chunks_match_the_whole_logits() {
+    let (gpu, cpu) = (gpu().autodiff(), cpu_device(true));
+    let (rows, channels, vocab) = (11, 24, 301);
+    let targets: Vec<usize> = (0..rows).map(|k| (k * 7919) % vocab).collect();
+    let whole = |x: Tensor<2>, head: Tensor<2>| {
+        cross_entropy_sum(x.matmul(head.transpose()), &targets).expect("the kernel takes these")
+    };
+    let shape = [rows, channels, vocab];
+    let (oracle_loss, oracle_grads) = head_loss_and_grads(&gpu, shape, whole);
+    let (cpu_loss, cpu_grads) = head_loss_and_grads(&cpu, shape, whole);
+    for chunk_rows in [1, 4, rows, 64] {
+        let (loss, grads) = head_loss_and_grads(&gpu, shape, |x, head| {
+            head_cross_entropy_sum(x, head, &targets, chunk_rows).expect("the op takes these")
+        });
+        let what = format!("chunks of {chunk_rows} rows");
+        assert_close(
+            &format!("{what}: loss vs whole"),
+            &loss,
+            &oracle_loss,
+            ATOL,
+            RTOL,
+        );
+        assert_close(
+            &format!("{what}: loss vs CPU"),
+            &loss,
+            &cpu_loss,
+            ATOL,
+            RTOL,
+        );
+        for (i, name) in ["dx", "dhead"].iter().enumerate() {
+            let what = format!("{what}: {name}");
+            assert_close(
+                &format!("{what} vs whole"),
+                &grads[i],
+                &oracle_grads[i],
+                ATOL,
+                RTOL,
+            );
+            assert_close(
+                &format!("{what} vs CPU"),
+                &grads[i],
+                &cpu_grads[i],
+                ATOL,
+                RTOL,
+            );
+        }
+    }
+}
+
+/// The CubeCL RoPE against the composed form on the GPU and the host
+/// kernel on the CPU, output and `dx`: positions restarting per example as
+/// in a flattened batch, SmolLM2's head shape (9 x 64) and a small odd one.
+#[test]
+fn cubecl_rope_matches_the_composed_form_and_the_cpu() {
+    let (gpu, cpu) = (gpu().autodiff(), cpu_device(true));
+    for (lengths, heads, d) in [(vec![5usize, 1, 40], 9usize, 64usize), (vec![3, 2], 3, 6)] {
+        let positions: Vec<u32> = lengths.iter().flat_map(|&l| 0..l as u32).collect();
+        let n = positions.len();
+        let tables = RopeTables::new(&positions, d, 100_000.0);
+        let run = |device: &Device, fused: bool| {
+            // The `[N, 1, D]` tables, each pair's value twice.
+            let (cos, sin) = tables.values();
+            let widen = |half: &[f32]| -> Vec<f32> {
+                half.chunks(d / 2)
+                    .flat_map(|row| row.iter().chain(row).copied())
+                    .collect()
+            };
+            let cos = float_tensor(widen(cos), [n, 1, d], device);
+            let sin = float_tensor(widen(sin), [n, 1, d], device);
+            let x = trainable(float_tensor(
+                random(n * heads * d, 41, 1.0),
+                [n, heads, d],
+                device,
+            ));
+            let y = if fused {
+                rope(x.clone(), &tables, &cos, &sin).expect("the kernel takes these")
+            } else {
+                composed_rope(x.clone(), &cos, &sin)
+            };
+            let probe = float_tensor(random(n * heads * d, 42, 1.0), [n, heads, d], device);
+            let grads = backward(&(y.clone() * probe).sum());
+            (y.into_vec(), grad(&x, &grads).expect("dx").into_vec())
+        };
+        let ours = run(&gpu, true);
+        let what = format!("{n} tokens of {heads} x {d}");
+        for (name, (y, dx)) in [("composed", run(&gpu, false)), ("CPU", run(&cpu, true))] {
+            assert_close(&format!("{what}: y vs {name}"), &ours.0, &y, ATOL, RTOL);
+            assert_close(&format!("{what}: dx vs {name}"), &ours.1, &dx, ATOL, RTOL);
+        }
+    }
+}
+
 #[test]
 fn cubecl_attention_matches_the_oracle_head_size_64_with_grouped_heads() {
     kernel_case(4, 2, 64, &[5, 1, 9, 3]);
@@ -323,6 +443,23 @@ fn cubecl_attention_matches_the_oracle_on_padded_rows() {
     // The padded baseline goes through the same kernel with every row one
     // sequence of `L` tokens: here 3 rows of 6.
     kernel_case(4, 4, 32, &[6, 6, 6]);
+}
+
+/// Past one block of the tiled kernels ([`BLOCK_ROWS`] = 64 rows) and past
+/// one key tile: an example of 150 rows (three blocks, the last partial)
+/// among many short ones and ones of length 1, lengths that are not
+/// multiples of a block or a tile; GQA 4:1 at head size 64.
+#[test]
+fn tiled_attention_spans_blocks_and_tiles_gqa_4_to_1_head_size_64() {
+    assert_eq!(padfree_model::kernels::BLOCK_ROWS, 64);
+    kernel_case(8, 2, 64, &[3, 150, 1, 2, 7, 1, 65, 64, 1, 5]);
+}
+
+/// GQA 8:1 at head size 128 (fewer key rows a tile), a block boundary
+/// inside an example (70) and one exactly a block (64).
+#[test]
+fn tiled_attention_gqa_8_to_1_head_size_128() {
+    kernel_case(8, 1, 128, &[70, 1, 64, 9]);
 }
 
 #[test]

@@ -147,6 +147,10 @@ pub struct TrainSummary {
     pub resumed: Option<RunPart>,
     /// Peak resident memory of the process, bytes (`VmHWM`), if known.
     pub peak_memory_bytes: Option<u64>,
+    /// On a GPU: the most device memory burn's CubeCL runtime held after
+    /// any step of this process (its pools' reservations), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_device_memory_bytes: Option<u64>,
     /// Whether training stopped early on request (Ctrl-C).
     pub interrupted: bool,
     /// The eval loss of the model at `eval_step`: the final model's when it
@@ -281,6 +285,13 @@ impl fmt::Display for TrainSummary {
                 f,
                 "  best model               = step {}, eval_loss {:.4} ({source})",
                 best.step, best.eval_loss
+            )?;
+        }
+        if let Some(bytes) = self.peak_device_memory_bytes {
+            writeln!(
+                f,
+                "  device memory held       = {:.0} MiB (GPU runtime's pools, most after a step)",
+                bytes as f64 / 1048576.0
             )?;
         }
         write!(f, "  peak memory (VmHWM)      = {memory}")

@@ -8,12 +8,14 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_data::{
-    CacheKeyParts, CacheUse, DataCache, DataSet, FieldNames, Fingerprint, Lookup, Ranks,
+    CacheKeyParts, CacheUse, DataCache, DataError, DataSet, FieldNames, Fingerprint, Lookup, Ranks,
     ShareWriter, SourceRecord, TextTokenizer, TokenizeConfig, TokenizedDataset, UnusedField,
     content_fingerprint, count_records, data_fingerprint, read_records, read_records_from_str,
     tokenize_in_parallel,
 };
 use padfree_train::Communicator;
+
+use crate::ranks::EveryRank;
 
 mod helper;
 
@@ -81,7 +83,12 @@ pub(super) fn data_set(
             let placed = cache
                 .clone()
                 .with_threads(rayon::current_num_threads())
-                .build_on_ranks(path, records, &parts, (&CommRanks(comm), share_writer))?;
+                .build_on_ranks(path, records, &parts, (&CommRanks(comm), share_writer))
+                .map_err(|err| match err {
+                    // Every rank read it from the shares, after a barrier.
+                    record @ DataError::Record { .. } => anyhow::Error::new(EveryRank(record)),
+                    other => other.into(),
+                })?;
             if placed && let Some((dataset, entry)) = open_on_ranks(cache, comm, path, &parts)? {
                 let used = CacheUse::Shared(entry, comm.world_size());
                 say!("data cache: {}: {used}", path.display());

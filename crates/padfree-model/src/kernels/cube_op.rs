@@ -1,5 +1,6 @@
 //! What padfree's CubeCL kernels share: output buffers, launch grids of one
-//! invocation per element, and the glue that makes a kernel pair (forward,
+//! invocation per element or a workgroup per row, the workgroup reductions
+//! of a row (a tree through shared memory in a fixed order), and the glue that makes a kernel pair (forward,
 //! backward) a differentiable burn op on the CubeCL backend, with or
 //! without autodiff and under either checkpointing strategy.
 
@@ -19,6 +20,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
 use super::host_op::UnsupportedTensor;
@@ -33,11 +35,82 @@ pub(crate) fn empty_like(reference: &CubeTensor, shape: Vec<usize>) -> CubeTenso
     )
 }
 
+/// A constant of an op (a table, the targets) as a contiguous primitive of
+/// the CubeCL backend, or why not (a tensor of another backend); an
+/// autodiff tensor's graph is dropped: no gradient flows to a constant.
+pub(crate) fn contiguous_primitive<const D: usize>(
+    tensor: &BurnTensor<D>,
+) -> Result<CubeTensor, UnsupportedTensor> {
+    tensor
+        .clone()
+        .inner()
+        .try_into_primitive::<CubeBackend>()
+        .map(into_contiguous)
+        .map_err(|err| UnsupportedTensor(format!("{err:?}")))
+}
+
 /// One invocation per element of `n`, in blocks the device accepts.
 pub(crate) fn grid(reference: &CubeTensor, n: usize) -> (CubeCount, CubeDim) {
     let cube_dim = CubeDim::new(&reference.client, n.max(1));
     let cube_count = calculate_cube_count_elemwise(&reference.client, n.max(1), cube_dim);
     (cube_count, cube_dim)
+}
+
+/// The sum of every thread's `value` over the workgroup (of `threads`, a
+/// power of two), on every thread: a tree through shared memory in a fixed
+/// order, so the same sum on every run.
+#[cube]
+pub(crate) fn workgroup_sum(value: f32, #[comptime] threads: usize) -> f32 {
+    workgroup_reduce(value, threads, false)
+}
+
+/// The largest of every thread's `value` over the workgroup, on every
+/// thread: the same tree as [`workgroup_sum`].
+#[cube]
+pub(crate) fn workgroup_max(value: f32, #[comptime] threads: usize) -> f32 {
+    workgroup_reduce(value, threads, true)
+}
+
+#[cube]
+fn workgroup_reduce(value: f32, #[comptime] threads: usize, #[comptime] take_max: bool) -> f32 {
+    let lane = UNIT_POS_X as usize;
+    let mut partial = Shared::<[f32]>::new_slice(threads);
+    partial[lane] = value;
+    sync_cube();
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if lane < stride {
+            let mine = partial[lane];
+            let theirs = partial[lane + stride];
+            if take_max {
+                if theirs > mine {
+                    partial[lane] = theirs;
+                }
+            } else {
+                partial[lane] = mine + theirs;
+            }
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    partial[0]
+}
+
+/// A workgroup of `threads` (a power of two, at most 256 and what the
+/// device takes) per row, the rows laid over a 2-D grid (a grid dimension
+/// holds at most 65,535 workgroups).
+pub(crate) fn row_groups(reference: &CubeTensor, rows: usize) -> (CubeCount, CubeDim, usize) {
+    let most = reference
+        .client
+        .properties()
+        .hardware
+        .max_cube_dim
+        .0
+        .clamp(1, 256);
+    let threads = 1usize << most.ilog2();
+    let wide = rows.clamp(1, 65_535);
+    let count = CubeCount::Static(wide as u32, rows.div_ceil(wide).max(1) as u32, 1);
+    (count, CubeDim::new_1d(threads as u32), threads)
 }
 
 /// A CubeCL kernel pair over `N` inputs.

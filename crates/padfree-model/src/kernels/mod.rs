@@ -46,10 +46,12 @@ mod simd;
 mod swiglu;
 
 pub use attention::{
-    AttentionRows, CausalMasks, bf16_varlen_attention, composed_padded_attention,
-    composed_varlen_attention, varlen_attention,
+    AttentionRows, BLOCK_ROWS, CausalMasks, bf16_varlen_attention, composed_padded_attention,
+    composed_varlen_attention, per_row_varlen_attention, varlen_attention,
 };
-pub use cross_entropy::{composed_cross_entropy_sum, cross_entropy_sum};
+pub use cross_entropy::{
+    composed_cross_entropy_sum, cross_entropy_sum, head_chunk_rows, head_cross_entropy_sum,
+};
 pub use host_op::UnsupportedTensor;
 pub(crate) use linear::round_tensor;
 pub use linear::{
@@ -84,11 +86,14 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
         ];
     }
     vec![
-        ("varlen attention", "CubeCL kernel"),
-        ("cross-entropy", "CubeCL kernel"),
+        ("varlen attention", "tiled CubeCL kernel"),
+        (
+            "cross-entropy",
+            "CubeCL kernel with the LM head, in chunks of rows",
+        ),
         ("RMSNorm", "CubeCL kernel"),
         ("SwiGLU", "CubeCL kernel"),
-        ("RoPE", "composed burn ops (no CubeCL kernel yet)"),
+        ("RoPE", "CubeCL kernel"),
         (
             "linear and LoRA layers",
             "burn's matmul (composed LoRA layer)",

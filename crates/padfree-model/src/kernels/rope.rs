@@ -22,6 +22,9 @@ use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
 use crate::tensor::{Tensor, cat, narrow};
 
+#[cfg(feature = "cube")]
+mod cube;
+
 /// `cos` and `sin` of every token's angles, `[N, P]`: pair `i` of a token
 /// at position `p` turns by `p * theta^(-2i/D)`.
 #[derive(Debug, Clone)]
@@ -64,9 +67,9 @@ impl RopeTables {
 
 // ---- the differentiable burn op ----
 
-/// Rotates `x` (`[N, H, D]`) by the tables' angles, one token per row.
-///
-/// On a GPU this is [`composed_rope`] until a CubeCL body is written.
+/// Rotates `x` (`[N, H, D]`) by the tables' angles, one token per row: the
+/// host kernel on the CPU, the CubeCL kernel (`rope/cube.rs`) on a GPU,
+/// which reads the `[N, 1, D]` device tables `cos` and `sin`.
 pub fn rope(
     x: Tensor<3>,
     tables: &RopeTables,
@@ -74,7 +77,7 @@ pub fn rope(
     sin: &Tensor<3>,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
     if !is_cpu(&x.device()) {
-        return Ok(composed_rope(x, cos, sin));
+        return gpu_rope(x, cos, sin);
     }
     let [n, _, d] = x.dims();
     if tables.cos.len() != n * tables.pairs || d != 2 * tables.pairs {
@@ -88,7 +91,26 @@ pub fn rope(
     apply::<_, 1, 3, 3>(Rotate(tables.clone()), [x])
 }
 
-/// The oracle, and the GPU path: `x * cos + rotate_half(x) * sin` from burn
+#[cfg(feature = "cube")]
+fn gpu_rope(
+    x: Tensor<3>,
+    cos: &Tensor<3>,
+    sin: &Tensor<3>,
+) -> Result<Tensor<3>, UnsupportedTensor> {
+    cube::rope(x, cos, sin)
+}
+
+/// Without GPU kernels, the composed form.
+#[cfg(not(feature = "cube"))]
+fn gpu_rope(
+    x: Tensor<3>,
+    cos: &Tensor<3>,
+    sin: &Tensor<3>,
+) -> Result<Tensor<3>, UnsupportedTensor> {
+    Ok(composed_rope(x, cos, sin))
+}
+
+/// The oracle: `x * cos + rotate_half(x) * sin` from burn
 /// ops, with `cos`, `sin` `[N, 1, D]` (each pair's value twice).
 pub fn composed_rope(x: Tensor<3>, cos: &Tensor<3>, sin: &Tensor<3>) -> Tensor<3> {
     let half = x.dims()[2] / 2;

@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use padfree_model::LlamaModel;
+use padfree_model::device::device_memory_reserved;
 use padfree_pack::ExampleSet;
 
 use self::course::Course;
@@ -78,6 +79,12 @@ impl Trainer {
     /// memory no longer grows with depth, for about a third more compute.
     pub fn set_gradient_checkpointing(&mut self, on: bool) {
         self.engine.gradient_checkpointing = on;
+    }
+
+    /// On a GPU: the most device memory the runtime held after any step of
+    /// this process, bytes; `None` on the CPU.
+    pub fn device_memory_peak(&self) -> Option<u64> {
+        self.progress.device_memory_peak
     }
 
     /// Whether [`Self::set_gradient_checkpointing`] is on.
@@ -386,6 +393,7 @@ impl Trainer {
                 train_loss: mean(&progress.step_losses[first_step..]),
             }),
             peak_memory_bytes: peak_memory_bytes(),
+            peak_device_memory_bytes: self.progress.device_memory_peak,
             interrupted,
             eval_loss: evaluated.map(|(_, loss)| loss),
             eval_perplexity: evaluated.map(|(_, loss)| loss.exp()),
@@ -421,6 +429,8 @@ impl Trainer {
             last_checkpoint: self.saver.last_checkpoint.as_deref(),
         })?;
         self.progress.took(&metrics);
+        self.progress
+            .held_on_device(device_memory_reserved(self.engine.model.device()));
         Ok(metrics)
     }
 
@@ -572,6 +582,8 @@ impl Trainer {
             step_losses: state.step_losses,
             real_tokens_seen: state.real_tokens_seen,
             padded_tokens_seen: state.padded_tokens_seen,
+            // Device memory is this process's, not the run's.
+            device_memory_peak: None,
         };
         self.evaluation.restore(
             state.best_model,

@@ -11,6 +11,9 @@ pub(super) struct Progress {
     pub(super) step_losses: Vec<f64>,
     pub(super) real_tokens_seen: usize,
     pub(super) padded_tokens_seen: usize,
+    /// The most device memory the GPU runtime held after any step of this
+    /// process (`None` on the CPU).
+    pub(super) device_memory_peak: Option<u64>,
 }
 
 impl Progress {
@@ -20,6 +23,13 @@ impl Progress {
         self.real_tokens_seen += metrics.real_tokens;
         self.padded_tokens_seen += metrics.fed_tokens.saturating_sub(metrics.real_tokens);
         self.step_losses.push(metrics.loss);
+    }
+
+    /// Counts the device memory held after a step.
+    pub(super) fn held_on_device(&mut self, bytes: Option<u64>) {
+        if let Some(bytes) = bytes {
+            self.device_memory_peak = Some(self.device_memory_peak.map_or(bytes, |b| b.max(bytes)));
+        }
     }
 
     /// The log line of the step `last` closing `interval`: the mean loss of

@@ -37,6 +37,9 @@ pub struct ModeResult {
     pub samples_per_second: f64,
     pub padding_fraction: f64,
     pub peak_memory_bytes: Option<u64>,
+    /// On a GPU: the most device memory the runtime held after a step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_device_memory_bytes: Option<u64>,
     pub final_loss: f64,
     pub step_losses: Vec<f64>,
     /// Model FLOPs of the timed steps (`padfree_model::flops`); the same
@@ -446,6 +449,7 @@ fn timed_run(
         samples_per_second: samples as f64 / runtime,
         padding_fraction: 1.0 - real as f64 / fed.max(1) as f64,
         peak_memory_bytes: job_peak_memory(trainer.communicator())?,
+        peak_device_memory_bytes: trainer.device_memory_peak(),
         final_loss: step_losses.last().copied().unwrap_or(f64::NAN),
         step_losses,
         model_flops: Some(model_flops),

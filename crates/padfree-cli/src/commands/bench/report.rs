@@ -217,10 +217,13 @@ impl Report {
             ),
         ];
         for r in &self.results {
-            let memory = r.peak_memory_bytes.map_or_else(
+            let mut memory = r.peak_memory_bytes.map_or_else(
                 || "n/a".to_owned(),
                 |b| format!("{:.0} MiB", b as f64 / 1048576.0),
             );
+            if let Some(device) = r.peak_device_memory_bytes {
+                memory = format!("{memory} (device {:.0} MiB)", device as f64 / 1048576.0);
+            }
             let range = if repeated {
                 format!(" {} |", self.range(&r.mode))
             } else {
@@ -527,6 +530,7 @@ mod tests {
             samples_per_second: 1.0,
             padding_fraction: 0.0,
             peak_memory_bytes: None,
+            peak_device_memory_bytes: None,
             final_loss: 1.0,
             step_losses: vec![1.0],
             model_flops: None,

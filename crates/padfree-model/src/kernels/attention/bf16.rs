@@ -21,7 +21,7 @@
 //! `q`, `out`, `dq`: `[T, H, D]`; `k`, `v`, `dk`, `dv`: `[T, Hkv, D]`;
 //! `lse`: `[T, H]`.
 
-use super::host::{AttentionDims, Qkv};
+use super::host::Qkv;
 use super::{AttentionRows, VarlenAttention};
 use crate::kernels::bf16::{load, round_in_place, store};
 use crate::kernels::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
@@ -36,19 +36,14 @@ pub fn bf16_varlen_attention(
     rows: &AttentionRows,
     scale: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
-    if rows.bounds.is_some() {
+    if rows.device_tables.is_some() {
         return Err(UnsupportedTensor(
             "bf16 attention runs on the CPU only in this build".into(),
         ));
     }
-    let [_, num_heads, head_dim] = q.dims();
     let op = Bf16VarlenAttention(VarlenAttention {
         cu_seqlens: rows.cu_seqlens.clone(),
-        dims: AttentionDims {
-            num_heads,
-            num_kv_heads: k.dims()[1],
-            head_dim,
-        },
+        dims: super::dims_of(&q, &k),
         scale,
     });
     apply(op, [q, k, v])
@@ -131,7 +126,7 @@ impl HostOp<3> for Bf16VarlenAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::attention::{backward, forward};
+    use crate::kernels::attention::{AttentionDims, backward, forward};
     use crate::kernels::bf16::rounded as round_one;
     use crate::kernels::{CausalMasks, composed_varlen_attention};
     use crate::tensor::{

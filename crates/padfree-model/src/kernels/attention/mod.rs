@@ -26,7 +26,8 @@
 //! differences; `micro.rs`, its register-tiled micro-kernels;
 //! `composed.rs`, the slow, obvious oracle it is tested against
 //! ([`composed_varlen_attention`], [`composed_padded_attention`]: burn ops,
-//! one example or padded row at a time); `cube.rs`, the GPU kernel.
+//! one example or padded row at a time); `cube.rs` and `cube/`, the GPU
+//! kernels (tiled, and the per-row kernel they are tested against).
 //!
 //! # Shapes
 //! `T` tokens of the flattened batch, `H` query heads, `Hkv` key/value heads,
@@ -52,32 +53,59 @@ pub use host::{AttentionDims, ForwardOutput, Qkv, backward, forward};
 
 // ---- the differentiable burn op ----
 
+/// Rows of a block of the GPU's tiled attention: the threads of one
+/// workgroup, each owning one query (or key) row of one example.
+pub const BLOCK_ROWS: usize = 64;
+
 /// The boundaries of a batch as the attention kernels read them, made once
 /// per forward pass from the collator's `cu_seqlens` and lent to every layer:
 /// the offsets themselves for the host kernel (shared, not copied), and on a
-/// GPU the `[T, 2]` start and end of every row's example, uploaded once.
+/// GPU the tiled kernels' block table and the per-row oracle's row bounds,
+/// uploaded once.
 #[derive(Debug, Clone)]
 pub struct AttentionRows {
     cu_seqlens: Arc<[u32]>,
-    /// `[T, 2]` on the device (GPU only).
-    bounds: Option<Tensor<2>>,
+    /// On a GPU only: `[NB, 3]` blocks and `[T, 2]` bounds.
+    device_tables: Option<DeviceTables>,
+}
+
+/// The batch's rows on a GPU.
+#[derive(Debug, Clone)]
+struct DeviceTables {
+    /// `[NB, 3]`: every block of at most [`BLOCK_ROWS`] rows of one example,
+    /// as its first row, its example's start and its example's end.
+    blocks: Tensor<2>,
+    /// `[T, 2]`: every row's example start and end (the per-row oracle's).
+    bounds: Tensor<2>,
 }
 
 impl AttentionRows {
     /// The rows of `cu_seqlens` (`B + 1` offsets from 0 to `T`) for a model on
     /// `device`.
     pub fn new(cu_seqlens: Arc<[u32]>, device: &Device) -> Self {
-        let bounds = (!is_cpu(device)).then(|| {
-            let mut values = Vec::with_capacity(2 * total_tokens(&cu_seqlens));
-            for bounds in cu_seqlens.windows(2) {
-                for _ in bounds[0]..bounds[1] {
-                    values.extend([bounds[0] as f32, bounds[1] as f32]);
+        let device_tables = (!is_cpu(device)).then(|| {
+            let inner = device.clone().inner();
+            let mut bounds = Vec::with_capacity(2 * total_tokens(&cu_seqlens));
+            let mut blocks = Vec::new();
+            for example in cu_seqlens.windows(2) {
+                let (start, end) = (example[0], example[1]);
+                for _ in start..end {
+                    bounds.extend([start as f32, end as f32]);
+                }
+                for first in (start..end).step_by(BLOCK_ROWS) {
+                    blocks.extend([first as f32, start as f32, end as f32]);
                 }
             }
-            let tokens = values.len() / 2;
-            float_tensor(values, [tokens, 2], &device.clone().inner())
+            let (tokens, count) = (bounds.len() / 2, blocks.len() / 3);
+            DeviceTables {
+                blocks: float_tensor(blocks, [count, 3], &inner),
+                bounds: float_tensor(bounds, [tokens, 2], &inner),
+            }
         });
-        Self { cu_seqlens, bounds }
+        Self {
+            cu_seqlens,
+            device_tables,
+        }
     }
 
     /// The offsets, `B + 1`.
@@ -103,14 +131,9 @@ pub fn varlen_attention(
     rows: &AttentionRows,
     scale: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
-    let [_, num_heads, head_dim] = q.dims();
-    let dims = AttentionDims {
-        num_heads,
-        num_kv_heads: k.dims()[1],
-        head_dim,
-    };
-    if let Some(bounds) = &rows.bounds {
-        return gpu_attention([q, k, v], bounds, dims, scale);
+    let dims = dims_of(&q, &k);
+    if let Some(tables) = &rows.device_tables {
+        return gpu_attention([q, k, v], &tables.blocks, GpuBody::Tiled, dims, scale);
     }
     let op = VarlenAttention {
         cu_seqlens: rows.cu_seqlens.clone(),
@@ -120,20 +143,62 @@ pub fn varlen_attention(
     apply(op, [q, k, v])
 }
 
+/// The sizes of `q` (`[T, H, D]`) and `k` (`[T, Hkv, D]`).
+fn dims_of(q: &Tensor<3>, k: &Tensor<3>) -> AttentionDims {
+    let [_, num_heads, head_dim] = q.dims();
+    AttentionDims {
+        num_heads,
+        num_kv_heads: k.dims()[1],
+        head_dim,
+    }
+}
+
+/// The per-row CubeCL attention, the tiled kernels' oracle on the device
+/// (`cube/rows.rs`): what [`varlen_attention`] computes on a GPU, one
+/// invocation per row and head, everything read from global memory. On the
+/// CPU it is the host kernel, as [`varlen_attention`].
+pub fn per_row_varlen_attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    rows: &AttentionRows,
+    scale: f32,
+) -> Result<Tensor<3>, UnsupportedTensor> {
+    match &rows.device_tables {
+        Some(tables) => {
+            let dims = dims_of(&q, &k);
+            gpu_attention([q, k, v], &tables.bounds, GpuBody::PerRow, dims, scale)
+        }
+        None => varlen_attention(q, k, v, rows, scale),
+    }
+}
+
+#[cfg(feature = "cube")]
+use cube::Body as GpuBody;
+
+/// Without GPU kernels, the bodies only name what was asked for.
+#[cfg(not(feature = "cube"))]
+enum GpuBody {
+    Tiled,
+    PerRow,
+}
+
 #[cfg(feature = "cube")]
 fn gpu_attention(
     inputs: [Tensor<3>; 3],
-    bounds: &Tensor<2>,
+    table: &Tensor<2>,
+    body: GpuBody,
     dims: AttentionDims,
     scale: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
-    cube::attention(inputs, bounds, dims, scale)
+    cube::attention(inputs, table, body, dims, scale)
 }
 
 #[cfg(not(feature = "cube"))]
 fn gpu_attention(
     _: [Tensor<3>; 3],
     _: &Tensor<2>,
+    _: GpuBody,
     _: AttentionDims,
     _: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {

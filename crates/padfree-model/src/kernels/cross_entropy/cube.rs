@@ -1,6 +1,9 @@
 //! The CubeCL body of the cross-entropy over labelled rows, forward and
-//! backward: the log-sum-exp of each row in one pass over its logits (an
-//! online maximum), the row's loss beside it, and in the backward pass the
+//! backward: the log-sum-exp of each row in one pass over its logits, a
+//! workgroup per row (each thread an online maximum and sum over every
+//! `threads`-th logit, coalesced; the threads' maxima, then their rescaled
+//! sums, meet through shared memory in a fixed order), the row's loss
+//! beside it, and in the backward pass the
 //! gradient of the logits, `d_loss * (softmax - one_hot)`, one element per
 //! invocation; where burn's composed ops take some ten passes over `[K, V]`
 //! (max, subtract, exp, sum, log, gather and their backward), each with a
@@ -17,9 +20,13 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use crate::kernels::cube_op::{CubeOp, apply, empty_like, grid};
+use crate::kernels::cube_op::{
+    CubeOp, apply, contiguous_primitive, empty_like, grid, row_groups, workgroup_max, workgroup_sum,
+};
 use crate::kernels::host_op::UnsupportedTensor;
 use crate::tensor::{Device, float_tensor};
+use burn_backend::Slice;
+use burn_backend::ops::FloatTensorOps;
 
 #[cube(launch)]
 fn forward_kernel(
@@ -28,22 +35,34 @@ fn forward_kernel(
     loss: &mut Tensor<f32>,
     lse: &mut Tensor<f32>,
     #[comptime] vocab: usize,
+    #[comptime] threads: usize,
 ) {
-    let row = ABSOLUTE_POS;
-    if row < lse.len() {
-        let base = row * vocab;
-        // Stands for minus infinity: WGSL refuses an infinite constant.
-        let mut m = f32::new(-1.0e30);
-        let mut sum = 0.0f32;
-        for v in 0..vocab {
-            let x = logits[base + v];
-            if x > m {
-                sum *= (m - x).exp();
-                m = x;
-            }
-            sum += (x - m).exp();
+    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    if row >= lse.len() {
+        terminate!();
+    }
+    let lane = UNIT_POS_X as usize;
+    let base = row * vocab;
+    // Each thread an online log-sum-exp over every `CUBE_DIM_X`-th logit
+    // (neighbouring threads, neighbouring logits). Stands for minus
+    // infinity: WGSL refuses an infinite constant.
+    let mut m = f32::new(-1.0e30);
+    let mut sum = 0.0f32;
+    let mut v = lane;
+    while v < vocab {
+        let x = logits[base + v];
+        if x > m {
+            sum *= (m - x).exp();
+            m = x;
         }
-        let row_lse = m + sum.ln();
+        sum += (x - m).exp();
+        v += CUBE_DIM_X as usize;
+    }
+    // The row's maximum, then every thread's sum rescaled to it.
+    let row_max = workgroup_max(m, threads);
+    let total = workgroup_sum(sum * (m - row_max).exp(), threads);
+    if lane == 0 {
+        let row_lse = row_max + total.ln();
         let target = u32::cast_from(targets[row]) as usize;
         lse[row] = row_lse;
         loss[row] = row_lse - logits[base + target];
@@ -71,6 +90,16 @@ fn backward_kernel(
     }
 }
 
+/// The targets, as the kernels read them: `[K]` f32 on `device`.
+fn targets_tensor(targets: &[usize], device: &Device) -> Result<CubeTensor, UnsupportedTensor> {
+    let values: Vec<f32> = targets.iter().map(|&t| t as f32).collect();
+    contiguous_primitive(&float_tensor(
+        values,
+        [targets.len()],
+        &device.clone().inner(),
+    ))
+}
+
 /// `[1]`: the summed loss of the rows of `logits` (`[K, V]`, `K > 0`) on a
 /// CubeCL device; `targets[k] < V`.
 pub(super) fn cross_entropy_sum(
@@ -78,13 +107,75 @@ pub(super) fn cross_entropy_sum(
     targets: &[usize],
     device: &Device,
 ) -> Result<BurnTensor<1>, UnsupportedTensor> {
-    let values: Vec<f32> = targets.iter().map(|&t| t as f32).collect();
-    let targets = float_tensor(values, [targets.len()], &device.clone().inner())
-        .try_into_primitive::<CubeBackend>()
-        .map(into_contiguous)
-        .map_err(|err| UnsupportedTensor(format!("{err:?}")))?;
+    let targets = targets_tensor(targets, device)?;
     let rows: BurnTensor<1> = apply(&CrossEntropy { targets }, [logits])?;
     Ok(rows.sum())
+}
+
+/// `[1]`: the summed loss of the rows of `x head^T` (`x`: `[K, C]`, `K >
+/// 0`; `head`: `[V, C]`) on a CubeCL device, the logits made `chunk_rows`
+/// rows at a time and dropped once their rows' log-sum-exps are known;
+/// the backward pass makes each chunk's logits again. No `[K, V]` tensor
+/// exists, forward or backward: at most one `[chunk_rows, V]` chunk of
+/// logits and one of their gradient.
+pub(super) fn head_cross_entropy_sum(
+    x: BurnTensor<2>,
+    head: BurnTensor<2>,
+    targets: &[usize],
+    chunk_rows: usize,
+    device: &Device,
+) -> Result<BurnTensor<1>, UnsupportedTensor> {
+    let targets = targets_tensor(targets, device)?;
+    let op = HeadCrossEntropy {
+        targets,
+        chunk_rows: chunk_rows.max(1),
+    };
+    let rows: BurnTensor<1> = apply(&op, [x, head])?;
+    Ok(rows.sum())
+}
+
+/// `(loss, lse)`, `[K]` each, of contiguous `logits` `[K, V]`.
+fn forward(logits: &CubeTensor, targets: &CubeTensor) -> (CubeTensor, CubeTensor) {
+    let (rows, vocab) = (logits.meta.shape()[0], logits.meta.shape()[1]);
+    let loss = empty_like(logits, vec![rows]);
+    let lse = empty_like(logits, vec![rows]);
+    let (count, dim, threads) = row_groups(logits, rows);
+    forward_kernel::launch(
+        &logits.client,
+        count,
+        dim,
+        logits.clone().into_tensor_arg(),
+        targets.clone().into_tensor_arg(),
+        loss.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        vocab,
+        threads,
+    );
+    (loss, lse)
+}
+
+/// `d_logits` `[K, V]` of contiguous `logits`, given each row's `d_loss`.
+fn backward(
+    logits: &CubeTensor,
+    targets: &CubeTensor,
+    lse: &CubeTensor,
+    d_loss: &CubeTensor,
+) -> CubeTensor {
+    let (rows, vocab) = (logits.meta.shape()[0], logits.meta.shape()[1]);
+    let d_logits = empty_like(logits, vec![rows, vocab]);
+    let (count, dim) = grid(logits, rows * vocab);
+    backward_kernel::launch(
+        &logits.client,
+        count,
+        dim,
+        logits.clone().into_tensor_arg(),
+        targets.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        d_loss.clone().into_tensor_arg(),
+        d_logits.clone().into_tensor_arg(),
+        vocab,
+    );
+    d_logits
 }
 
 /// The op: the rows' targets on the device.
@@ -105,20 +196,7 @@ impl CubeOp<1> for CrossEntropy {
     type Saved = Saved;
 
     fn forward(&self, [logits]: [CubeTensor; 1]) -> (CubeTensor, Saved) {
-        let (rows, vocab) = (logits.meta.shape()[0], logits.meta.shape()[1]);
-        let loss = empty_like(&logits, vec![rows]);
-        let lse = empty_like(&logits, vec![rows]);
-        let (count, dim) = grid(&logits, rows);
-        forward_kernel::launch(
-            &logits.client,
-            count,
-            dim,
-            logits.clone().into_tensor_arg(),
-            self.targets.clone().into_tensor_arg(),
-            loss.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            vocab,
-        );
+        let (loss, lse) = forward(&logits, &self.targets);
         let saved = Saved {
             logits,
             targets: self.targets.clone(),
@@ -128,26 +206,105 @@ impl CubeOp<1> for CrossEntropy {
     }
 
     fn backward(saved: &Saved, d_loss: CubeTensor) -> [CubeTensor; 1] {
-        let Saved {
-            logits,
+        let d_loss = into_contiguous(d_loss);
+        [backward(&saved.logits, &saved.targets, &saved.lse, &d_loss)]
+    }
+}
+
+/// The head and the loss in one op, chunked (see [`head_cross_entropy_sum`]).
+struct HeadCrossEntropy {
+    targets: CubeTensor,
+    chunk_rows: usize,
+}
+
+/// What its backward pass reads: the rows' hidden states and the head
+/// (kept anyway: the head is a weight, `x` the final norm's output), the
+/// targets and each row's log-sum-exp; no logits.
+#[derive(Debug, Clone)]
+struct HeadSaved {
+    x: CubeTensor,
+    head: CubeTensor,
+    targets: CubeTensor,
+    lse: CubeTensor,
+    chunk_rows: usize,
+}
+
+/// Rows `[start, end)` of a contiguous tensor, contiguous.
+fn rows_of(tensor: &CubeTensor, start: usize, end: usize) -> CubeTensor {
+    let mut slices = vec![Slice::new(start as isize, Some(end as isize), 1)];
+    slices.extend((1..tensor.meta.shape().len()).map(|_| Slice::from(..)));
+    into_contiguous(CubeBackend::float_slice(tensor.clone(), &slices))
+}
+
+/// `[start, end)` of every chunk of `chunk_rows` rows of `rows`.
+fn chunks(rows: usize, chunk_rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..rows)
+        .step_by(chunk_rows)
+        .map(move |start| (start, (start + chunk_rows).min(rows)))
+}
+
+/// A chunk's logits, `x[start..end] head^T`, contiguous.
+fn chunk_logits(x: &CubeTensor, head_t: &CubeTensor, start: usize, end: usize) -> CubeTensor {
+    into_contiguous(CubeBackend::float_matmul(
+        rows_of(x, start, end),
+        head_t.clone(),
+    ))
+}
+
+impl CubeOp<2> for HeadCrossEntropy {
+    type Saved = HeadSaved;
+
+    fn forward(&self, [x, head]: [CubeTensor; 2]) -> (CubeTensor, HeadSaved) {
+        let head_t = CubeBackend::float_transpose(head.clone());
+        let (mut losses, mut lses) = (Vec::new(), Vec::new());
+        for (start, end) in chunks(x.meta.shape()[0], self.chunk_rows) {
+            let logits = chunk_logits(&x, &head_t, start, end);
+            let (loss, lse) = forward(&logits, &rows_of(&self.targets, start, end));
+            losses.push(loss);
+            lses.push(lse);
+        }
+        let saved = HeadSaved {
+            x,
+            head,
+            targets: self.targets.clone(),
+            lse: CubeBackend::float_cat(lses, 0),
+            chunk_rows: self.chunk_rows,
+        };
+        (CubeBackend::float_cat(losses, 0), saved)
+    }
+
+    fn backward(saved: &HeadSaved, d_loss: CubeTensor) -> [CubeTensor; 2] {
+        let HeadSaved {
+            x,
+            head,
             targets,
             lse,
+            chunk_rows,
         } = saved;
         let d_loss = into_contiguous(d_loss);
-        let (rows, vocab) = (logits.meta.shape()[0], logits.meta.shape()[1]);
-        let d_logits = empty_like(logits, vec![rows, vocab]);
-        let (count, dim) = grid(logits, rows * vocab);
-        backward_kernel::launch(
-            &logits.client,
-            count,
-            dim,
-            logits.clone().into_tensor_arg(),
-            targets.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            d_loss.into_tensor_arg(),
-            d_logits.clone().into_tensor_arg(),
-            vocab,
-        );
-        [d_logits]
+        let head_t = CubeBackend::float_transpose(head.clone());
+        let mut dx = Vec::new();
+        let mut d_head: Option<CubeTensor> = None;
+        for (start, end) in chunks(x.meta.shape()[0], *chunk_rows) {
+            let logits = chunk_logits(x, &head_t, start, end);
+            let d_logits = backward(
+                &logits,
+                &rows_of(targets, start, end),
+                &rows_of(lse, start, end),
+                &rows_of(&d_loss, start, end),
+            );
+            drop(logits);
+            dx.push(CubeBackend::float_matmul(d_logits.clone(), head.clone()));
+            let part = CubeBackend::float_matmul(
+                CubeBackend::float_transpose(d_logits),
+                rows_of(x, start, end),
+            );
+            d_head = Some(match d_head {
+                Some(sum) => CubeBackend::float_add(sum, part),
+                None => part,
+            });
+        }
+        let d_head = d_head.unwrap_or_else(|| empty_like(head, head.meta.shape().to_vec()));
+        [CubeBackend::float_cat(dx, 0), d_head]
     }
 }

@@ -47,6 +47,35 @@ pub fn cross_entropy_sum(
     apply(op, [logits])
 }
 
+/// Rows of logits one chunk of the GPU's head cross-entropy makes for a
+/// vocabulary of `vocab`: 2^25 floats (128 MiB of f32) a chunk, enough rows
+/// that each chunk's matmul fills a GPU (682 at SmolLM2's 49,152).
+pub fn head_chunk_rows(vocab: usize) -> usize {
+    ((1usize << 25) / vocab.max(1)).max(1)
+}
+
+/// Summed cross-entropy of the rows of `x head^T` (`x`: `[K, C]`, `head`:
+/// `[V, C]`, `targets[k] < V`) -> `[1]`. On a GPU, the LM head and the loss
+/// in one op (`cube.rs`) that makes the logits `chunk_rows` rows at a time,
+/// keeps none of them (only each row's log-sum-exp) and makes them again
+/// chunk by chunk in the backward pass: no `[K, V]` tensor ever exists, for
+/// one more head product. Elsewhere (the CPU, a build without GPU kernels)
+/// [`cross_entropy_sum`] of the product.
+pub fn head_cross_entropy_sum(
+    x: Tensor<2>,
+    head: Tensor<2>,
+    targets: &[usize],
+    chunk_rows: usize,
+) -> Result<Tensor<1>, UnsupportedTensor> {
+    let device = x.device();
+    #[cfg(feature = "cube")]
+    if !is_cpu(&device) && !targets.is_empty() {
+        return cube::head_cross_entropy_sum(x, head, targets, chunk_rows, &device);
+    }
+    let _ = (chunk_rows, device);
+    cross_entropy_sum(x.matmul(head.transpose()), targets)
+}
+
 /// The CubeCL body (`cube.rs`), or with no row, or in a build without GPU
 /// kernels, [`composed_cross_entropy_sum`].
 fn gpu_cross_entropy_sum(

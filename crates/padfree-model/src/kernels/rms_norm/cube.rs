@@ -21,31 +21,9 @@ use burn::tensor::Tensor as BurnTensor;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubecl::{CubeCount, CubeDim};
 
-use crate::kernels::cube_op::{CubeOp, apply, empty_like, grid};
+use crate::kernels::cube_op::{CubeOp, apply, empty_like, grid, row_groups, workgroup_sum};
 use crate::kernels::host_op::UnsupportedTensor;
-
-/// The sum of every thread's `value` over the workgroup (of `threads`, a
-/// power of two), on every thread: a tree through shared memory in a fixed
-/// order, so the same sum on every run.
-#[cube]
-fn workgroup_sum(value: f32, #[comptime] threads: usize) -> f32 {
-    let lane = UNIT_POS_X as usize;
-    let mut partial = Shared::<[f32]>::new_slice(threads);
-    partial[lane] = value;
-    sync_cube();
-    let mut stride = CUBE_DIM_X as usize / 2;
-    while stride > 0 {
-        if lane < stride {
-            let both = partial[lane] + partial[lane + stride];
-            partial[lane] = both;
-        }
-        sync_cube();
-        stride /= 2;
-    }
-    partial[0]
-}
 
 #[cube(launch)]
 fn forward_kernel(
@@ -134,23 +112,6 @@ fn dweight_kernel(
         }
         dweight[c] = sum;
     }
-}
-
-/// A workgroup of `threads` (a power of two, at most 256 and what the
-/// device takes) per row, the rows laid over a 2-D grid (a grid dimension
-/// holds at most 65,535 workgroups).
-fn row_groups(reference: &CubeTensor, rows: usize) -> (CubeCount, CubeDim, usize) {
-    let most = reference
-        .client
-        .properties()
-        .hardware
-        .max_cube_dim
-        .0
-        .clamp(1, 256);
-    let threads = 1usize << most.ilog2();
-    let wide = rows.clamp(1, 65_535);
-    let count = CubeCount::Static(wide as u32, rows.div_ceil(wide).max(1) as u32, 1);
-    (count, CubeDim::new_1d(threads as u32), threads)
 }
 
 /// The differentiable op on a CubeCL device: `x` `[N, C]`, `weight`
