@@ -11,8 +11,8 @@
 # Needs nothing built on the GPU machine: a padfree built elsewhere with
 #   cargo build --release --locked --features wgpu,cuda && strip target/release/padfree
 #   mkdir -p .gpu && gzip -9 -c target/release/padfree > .gpu/padfree.gz
-# carried as .gpu/padfree.gz (stripped: 69 MB with `wgpu` alone, 71 MB with
-# `cuda` alone, over a 64 MiB carry limit; gzipped: 18 MB each; unpacked
+# carried as .gpu/padfree.gz (stripped: 81 MB with `wgpu,cuda`, 69 MB with
+# `wgpu` alone, over a 64 MiB carry limit; gzipped: 22 MB, 18 MB; unpacked
 # here when .gpu/padfree is missing), the
 # repository's bench/hf_peer/
 # script, python3 with torch and transformers, and a Vulkan loader

@@ -36,7 +36,7 @@ pub fn bf16_varlen_attention(
     rows: &AttentionRows,
     scale: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
-    if rows.device_tables.is_some() {
+    if rows.blocks.is_some() {
         return Err(UnsupportedTensor(
             "bf16 attention runs on the CPU only in this build".into(),
         ));

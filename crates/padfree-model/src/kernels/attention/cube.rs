@@ -10,10 +10,11 @@
 //! invocation per row and head, everything from global memory).
 //!
 //! Every thread keeps its row's accumulators in local arrays of `D` floats,
-//! so head sizes up to [`MAX_HEAD_DIM`] work. The batch's row table (tiled:
-//! `[NB, 3]` blocks; per-row: `[T, 2]` bounds) is uploaded once per batch
-//! ([`super::AttentionRows`]) and shared by every layer; it is f32 (exact
-//! below 2^24 tokens), so it travels as an ordinary float tensor.
+//! so head sizes up to [`MAX_HEAD_DIM`] work. The tiled kernels' `[NB, 3]`
+//! block table is uploaded once per batch ([`super::AttentionRows`]) and
+//! shared by every layer (the per-row oracle's `[T, 2]` bounds are made
+//! when it runs); the tables are f32 (exact below 2^24 tokens), so they
+//! travel as ordinary float tensors.
 //!
 //! # Shapes
 //! `q`, `out`, `dq`: `[T, H, D]`; `k`, `v`, `dk`, `dv`: `[T, Hkv, D]`;

@@ -60,52 +60,45 @@ pub const BLOCK_ROWS: usize = 64;
 /// The boundaries of a batch as the attention kernels read them, made once
 /// per forward pass from the collator's `cu_seqlens` and lent to every layer:
 /// the offsets themselves for the host kernel (shared, not copied), and on a
-/// GPU the tiled kernels' block table and the per-row oracle's row bounds,
-/// uploaded once.
+/// GPU the tiled kernels' block table, uploaded once.
 #[derive(Debug, Clone)]
 pub struct AttentionRows {
     cu_seqlens: Arc<[u32]>,
-    /// On a GPU only: `[NB, 3]` blocks and `[T, 2]` bounds.
-    device_tables: Option<DeviceTables>,
-}
-
-/// The batch's rows on a GPU.
-#[derive(Debug, Clone)]
-struct DeviceTables {
-    /// `[NB, 3]`: every block of at most [`BLOCK_ROWS`] rows of one example,
-    /// as its first row, its example's start and its example's end.
-    blocks: Tensor<2>,
-    /// `[T, 2]`: every row's example start and end (the per-row oracle's).
-    bounds: Tensor<2>,
+    /// On a GPU only, `[NB, 3]`: every block of at most [`BLOCK_ROWS`] rows
+    /// of one example, as its first row, its example's start and its
+    /// example's end.
+    blocks: Option<Tensor<2>>,
 }
 
 impl AttentionRows {
     /// The rows of `cu_seqlens` (`B + 1` offsets from 0 to `T`) for a model on
     /// `device`.
     pub fn new(cu_seqlens: Arc<[u32]>, device: &Device) -> Self {
-        let device_tables = (!is_cpu(device)).then(|| {
-            let inner = device.clone().inner();
-            let mut bounds = Vec::with_capacity(2 * total_tokens(&cu_seqlens));
+        let blocks = (!is_cpu(device)).then(|| {
             let mut blocks = Vec::new();
             for example in cu_seqlens.windows(2) {
                 let (start, end) = (example[0], example[1]);
-                for _ in start..end {
-                    bounds.extend([start as f32, end as f32]);
-                }
                 for first in (start..end).step_by(BLOCK_ROWS) {
                     blocks.extend([first as f32, start as f32, end as f32]);
                 }
             }
-            let (tokens, count) = (bounds.len() / 2, blocks.len() / 3);
-            DeviceTables {
-                blocks: float_tensor(blocks, [count, 3], &inner),
-                bounds: float_tensor(bounds, [tokens, 2], &inner),
-            }
+            let count = blocks.len() / 3;
+            float_tensor(blocks, [count, 3], &device.clone().inner())
         });
-        Self {
-            cu_seqlens,
-            device_tables,
+        Self { cu_seqlens, blocks }
+    }
+
+    /// `[T, 2]` on `device`: every row's example start and end, the per-row
+    /// oracle's table (made when the oracle runs, not per batch).
+    fn row_bounds(&self, device: &Device) -> Tensor<2> {
+        let mut bounds = Vec::with_capacity(2 * total_tokens(&self.cu_seqlens));
+        for example in self.cu_seqlens.windows(2) {
+            for _ in example[0]..example[1] {
+                bounds.extend([example[0] as f32, example[1] as f32]);
+            }
         }
+        let tokens = bounds.len() / 2;
+        float_tensor(bounds, [tokens, 2], &device.clone().inner())
     }
 
     /// The offsets, `B + 1`.
@@ -132,8 +125,8 @@ pub fn varlen_attention(
     scale: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
     let dims = dims_of(&q, &k);
-    if let Some(tables) = &rows.device_tables {
-        return gpu_attention([q, k, v], &tables.blocks, GpuBody::Tiled, dims, scale);
+    if let Some(blocks) = &rows.blocks {
+        return gpu_attention([q, k, v], blocks, GpuBody::Tiled, dims, scale);
     }
     let op = VarlenAttention {
         cu_seqlens: rows.cu_seqlens.clone(),
@@ -164,13 +157,11 @@ pub fn per_row_varlen_attention(
     rows: &AttentionRows,
     scale: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
-    match &rows.device_tables {
-        Some(tables) => {
-            let dims = dims_of(&q, &k);
-            gpu_attention([q, k, v], &tables.bounds, GpuBody::PerRow, dims, scale)
-        }
-        None => varlen_attention(q, k, v, rows, scale),
+    if rows.blocks.is_none() {
+        return varlen_attention(q, k, v, rows, scale);
     }
+    let (dims, bounds) = (dims_of(&q, &k), rows.row_bounds(&q.device()));
+    gpu_attention([q, k, v], &bounds, GpuBody::PerRow, dims, scale)
 }
 
 #[cfg(feature = "cube")]
