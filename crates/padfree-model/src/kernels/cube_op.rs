@@ -56,6 +56,14 @@ pub(crate) fn grid(reference: &CubeTensor, n: usize) -> (CubeCount, CubeDim) {
     (cube_count, cube_dim)
 }
 
+/// This workgroup's index on a grid of [`row_groups`] (or of blocks laid
+/// out the same way): past 65,535 workgroups, on the grid's second
+/// dimension.
+#[cube]
+pub(crate) fn workgroup_index() -> usize {
+    (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
+}
+
 /// The sum of every thread's `value` over the workgroup (of `threads`, a
 /// power of two), on every thread: a tree through shared memory in a fixed
 /// order, so the same sum on every run.

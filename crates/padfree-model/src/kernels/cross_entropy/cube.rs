@@ -21,12 +21,13 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use crate::kernels::cube_op::{
-    CubeOp, apply, contiguous_primitive, empty_like, grid, row_groups, workgroup_max, workgroup_sum,
+    CubeOp, apply, contiguous_primitive, empty_like, grid, row_groups, workgroup_index,
+    workgroup_max, workgroup_sum,
 };
 use crate::kernels::host_op::UnsupportedTensor;
 use crate::tensor::{Device, float_tensor};
-use burn_backend::Slice;
 use burn_backend::ops::FloatTensorOps;
+use burn_backend::{FloatDType, Slice, TensorMetadata};
 
 #[cube(launch)]
 fn forward_kernel(
@@ -37,7 +38,7 @@ fn forward_kernel(
     #[comptime] vocab: usize,
     #[comptime] threads: usize,
 ) {
-    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let row = workgroup_index();
     if row >= lse.len() {
         terminate!();
     }
@@ -284,7 +285,7 @@ impl CubeOp<2> for HeadCrossEntropy {
         let d_loss = into_contiguous(d_loss);
         let head_t = CubeBackend::float_transpose(head.clone());
         let mut dx = Vec::new();
-        let mut d_head: Option<CubeTensor> = None;
+        let mut d_head = CubeBackend::float_zeros(head.shape(), &head.device, FloatDType::F32);
         for (start, end) in chunks(x.meta.shape()[0], *chunk_rows) {
             let logits = chunk_logits(x, &head_t, start, end);
             let d_logits = backward(
@@ -299,12 +300,8 @@ impl CubeOp<2> for HeadCrossEntropy {
                 CubeBackend::float_transpose(d_logits),
                 rows_of(x, start, end),
             );
-            d_head = Some(match d_head {
-                Some(sum) => CubeBackend::float_add(sum, part),
-                None => part,
-            });
+            d_head = CubeBackend::float_add(d_head, part);
         }
-        let d_head = d_head.unwrap_or_else(|| empty_like(head, head.meta.shape().to_vec()));
         [CubeBackend::float_cat(dx, 0), d_head]
     }
 }

@@ -22,7 +22,9 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use crate::kernels::cube_op::{CubeOp, apply, empty_like, grid, row_groups, workgroup_sum};
+use crate::kernels::cube_op::{
+    CubeOp, apply, empty_like, grid, row_groups, workgroup_index, workgroup_sum,
+};
 use crate::kernels::host_op::UnsupportedTensor;
 
 #[cube(launch)]
@@ -35,7 +37,7 @@ fn forward_kernel(
     #[comptime] channels: usize,
     #[comptime] threads: usize,
 ) {
-    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let row = workgroup_index();
     if row >= inv_rms.len() {
         terminate!();
     }
@@ -72,7 +74,7 @@ fn dx_kernel(
     #[comptime] channels: usize,
     #[comptime] threads: usize,
 ) {
-    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let row = workgroup_index();
     if row >= inv_rms.len() {
         terminate!();
     }

@@ -47,7 +47,7 @@ use cubecl::{CubeCount, CubeDim};
 use super::{Saved, rows};
 use crate::kernels::attention::BLOCK_ROWS;
 use crate::kernels::attention::host::AttentionDims;
-use crate::kernels::cube_op::empty_like;
+use crate::kernels::cube_op::{empty_like, workgroup_index};
 
 /// Shared memory the tiles may take, whatever more the device has: the
 /// budget a CUDA kernel gets without opting in to more is 48 KiB, and a
@@ -58,7 +58,7 @@ const SHARED_BUDGET: usize = 32 * 1024;
 /// + BLOCK_ROWS)` of the example `[start, end)`.
 #[cube]
 fn block_bounds(blocks: &Tensor<f32>) -> (usize, usize, usize) {
-    let block = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let block = workgroup_index();
     let mut first = 0usize;
     let mut start = 0usize;
     let mut end = 0usize;
