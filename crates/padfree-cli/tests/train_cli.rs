@@ -1104,3 +1104,32 @@ fn a_cold_start_is_tokenized_by_a_helper_on_every_core() {
     );
     assert!(!dir.join("bad").join("model.safetensors").exists());
 }
+
+/// `padfree bench --attention-alone` on the CPU: the attention op timed by
+/// itself on the varlen mode's micro-batches (2 timed of 4 examples), the
+/// tiled and per-row rows (on the CPU both the host kernel), nothing
+/// trained; `--bf16` says the 16-bit row needs a GPU and leaves it out.
+#[test]
+fn bench_times_the_attention_alone() {
+    let (_guard, out, output) = bench("bench-attention", &["--attention-alone", "--bf16"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("this device has none"), "{stdout}");
+    assert!(!out.join("bench.json").exists(), "nothing trained");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("attention.json")).expect("json"))
+            .expect("valid json");
+    let timings = report["timings"].as_array().expect("timings");
+    let kernels: Vec<&str> = timings
+        .iter()
+        .map(|t| t["kernel"].as_str().expect("a name"))
+        .collect();
+    assert_eq!(kernels, ["tiled f32", "per-row f32"]);
+    for t in timings {
+        assert_eq!(t["calls"], 2, "{t}");
+        assert!(t["ms_per_call"].as_f64().expect("ms") > 0.0, "{t}");
+        assert!(t["gflops"].as_f64().expect("rate") > 0.0, "{t}");
+    }
+    let md = std::fs::read_to_string(out.join("attention.md")).expect("markdown");
+    assert!(md.contains("| per-row f32 | 2 |"), "{md}");
+}

@@ -10,6 +10,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::precision::HalfFloat;
 use crate::tensor::Device;
 
 /// A device as the command line names it: `cpu`, or a GPU runtime with an
@@ -179,8 +180,6 @@ pub fn open_device(choice: DeviceChoice) -> Result<OpenedDevice, DeviceError> {
     }
 }
 
-/// burn's CUDA runtime, built offline (feature `cuda`: NVRTC compiles the
-/// kernels; `docs/gpu.md`, "The CUDA build").
 /// Bytes of device memory burn's CubeCL runtime holds on `device` (its
 /// pools' reservations from the driver, every stream), or `None` on the
 /// CPU and in a build without GPU runtimes. The pools keep what they
@@ -193,19 +192,62 @@ pub fn device_memory_reserved(device: &Device) -> Option<u64> {
     reserved_on_gpu(device)
 }
 
+/// `f` of a one-element tensor of `device`'s CubeCL runtime (any tensor
+/// reaches the runtime's client), or `None` off that backend.
 #[cfg(feature = "cube")]
-fn reserved_on_gpu(device: &Device) -> Option<u64> {
-    // Any tensor of the device reaches its runtime's client.
+fn on_gpu_client<T>(
+    device: &Device,
+    f: impl FnOnce(&burn_cubecl::tensor::CubeTensor) -> T,
+) -> Option<T> {
     let probe = crate::tensor::float_tensor(vec![0.0], [1], &device.clone().inner());
     let tensor = probe
         .try_into_primitive::<burn_cubecl::CubeBackend>()
         .ok()?;
-    let report = tensor.client.memory_report(cubecl::MemoryScope::Device);
-    Some(report.usage().bytes_reserved)
+    Some(f(&tensor))
+}
+
+#[cfg(feature = "cube")]
+fn reserved_on_gpu(device: &Device) -> Option<u64> {
+    on_gpu_client(device, |tensor| {
+        let report = tensor.client.memory_report(cubecl::MemoryScope::Device);
+        report.usage().bytes_reserved
+    })
 }
 
 #[cfg(not(feature = "cube"))]
 fn reserved_on_gpu(_: &Device) -> Option<u64> {
+    None
+}
+
+/// The 16-bit float `--bf16` multiplies in on `device`: bf16 where its
+/// runtime has it (CUDA), else f16 where it has that (WGSL with
+/// `shader-f16`); `None` on the CPU, on a GPU with neither, and in a build
+/// without GPU runtimes.
+pub fn half_float(device: &Device) -> Option<HalfFloat> {
+    if crate::kernels::on_cpu(device) {
+        return None;
+    }
+    half_on_gpu(device)
+}
+
+#[cfg(feature = "cube")]
+fn half_on_gpu(device: &Device) -> Option<HalfFloat> {
+    use cubecl::ir::{ElemType, FloatKind};
+    on_gpu_client(device, |tensor| {
+        let properties = tensor.client.properties();
+        [
+            (FloatKind::BF16, HalfFloat::Bf16),
+            (FloatKind::F16, HalfFloat::F16),
+        ]
+        .into_iter()
+        .find(|(kind, _)| properties.supports_type(ElemType::Float(*kind)))
+        .map(|(_, half)| half)
+    })
+    .flatten()
+}
+
+#[cfg(not(feature = "cube"))]
+fn half_on_gpu(_: &Device) -> Option<HalfFloat> {
     None
 }
 

@@ -150,11 +150,12 @@ impl LossSum {
 pub(crate) fn fused_head_cross_entropy_sum(
     kept: Tensor<2>,
     head: Tensor<2>,
+    head16: Option<&Tensor<2>>,
     labels: &LabelRows,
 ) -> Result<LossSum, ModelError> {
     let targets: Vec<usize> = labels.targets.iter().map(|&t| t as usize).collect();
     let chunk_rows = head_chunk_rows(head.dims()[0]);
-    let sum = head_cross_entropy_sum(kept, head, &targets, chunk_rows)?;
+    let sum = head_cross_entropy_sum(kept, head, head16, &targets, chunk_rows)?;
     Ok(LossSum {
         sum,
         num_tokens: labels.len(),

@@ -10,7 +10,7 @@ use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::input::ModelInput;
 use crate::kernels::dropout::RowKeys;
-use crate::kernels::{AttentionRows, CausalMasks, bf16_linear, fused_linear};
+use crate::kernels::{AttentionRows, CausalMasks, bf16_linear, fused_linear, half_linear};
 use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
@@ -180,8 +180,7 @@ impl LlamaModel {
     /// Bytes of the weights as held: f32 values, GGUF blocks for the
     /// quantized projections, and under `--bf16` the weights' bf16 copies.
     pub fn weight_bytes(&self) -> usize {
-        let bytes =
-            |b: &Bf16Weights| -> usize { b.copies.iter().flatten().map(|c| 2 * c.len()).sum() };
+        let bytes = Bf16Weights::bytes;
         let copies = self.bf16.as_ref().map_or(0, bytes)
             + self
                 .lora
@@ -371,11 +370,17 @@ impl LlamaModel {
             .as_ref()
             .and_then(|b| b.copies.get(start..start + per_layer))
             .unwrap_or(&[]);
+        let device_copies = self
+            .bf16
+            .as_ref()
+            .and_then(|b| b.device.get(start..start + per_layer))
+            .unwrap_or(&[]);
         Ok(DecoderLayer::new(
             block,
             quantized,
             self.bf16.is_some(),
             copies,
+            device_copies,
             &self.layer_tensors,
             &self.config,
             |target| lora.and_then(|lora| lora.adapter(layer, target, rows)),
@@ -407,9 +412,16 @@ impl LlamaModel {
         }
         let kept = hidden.select(0, labels.rows_tensor(&self.device));
         // On a GPU the head and the loss are one op that never holds the
-        // `[K, V]` logits (f32 there: bf16 is the CPU's).
-        if self.bf16.is_none() && !crate::kernels::on_cpu(&self.device) {
-            return fused_head_cross_entropy_sum(kept, self.head().value.clone(), &labels);
+        // `[K, V]` logits (under `--bf16` with the head's 16-bit copy).
+        if !crate::kernels::on_cpu(&self.device) {
+            let head16 = self
+                .bf16
+                .as_ref()
+                .and_then(|b| b.get_device(self.head_index()));
+            if self.bf16.is_none() || head16.is_some() {
+                let head = self.head().value.clone();
+                return fused_head_cross_entropy_sum(kept, head, head16, &labels);
+            }
         }
         fused_cross_entropy_sum(self.head_product(kept)?, &labels)
     }
@@ -431,7 +443,13 @@ impl LlamaModel {
     /// `x W^T` of the LM head, `[N, C] -> [N, V]`, in the model's precision.
     pub(crate) fn head_product(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
         let head = self.head();
-        match self.bf16.as_ref().and_then(|b| b.get(self.head_index())) {
+        let Some(copies) = self.bf16.as_ref() else {
+            return Ok(fused_linear(x, head.value.clone())?);
+        };
+        if let Some(copy) = copies.get_device(self.head_index()) {
+            return Ok(half_linear(x, head.value.clone(), copy)?);
+        }
+        match copies.get(self.head_index()) {
             Some(copy) => Ok(bf16_linear(x, head.value.clone(), copy.clone())?),
             None => Ok(fused_linear(x, head.value.clone())?),
         }

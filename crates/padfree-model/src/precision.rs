@@ -8,9 +8,15 @@
 //! them, the weight comes from its bf16 copy here. The copies are made by
 //! [`crate::LlamaModel::refresh_bf16_weights`], which the trainer calls once
 //! per optimizer step (after the update), never per micro-batch or layer call.
+//!
+//! On a GPU the copies are device tensors of the runtime's 16-bit float
+//! ([`HalfFloat`]: bf16 where the runtime has it, CUDA; f16 where it has
+//! only that, WGSL's `shader-f16`), and the products are burn's matmul on
+//! them with f32 accumulation (`kernels/linear/cube.rs`).
 
 use std::sync::Arc;
 
+use burn::tensor::{DType, FloatDType};
 use half::bf16;
 use serde::{Deserialize, Serialize};
 
@@ -51,11 +57,64 @@ impl Precision {
     }
 }
 
+/// The 16-bit float a GPU multiplies in under `--bf16`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HalfFloat {
+    /// bfloat16 (CUDA): f32's exponent range, 8 bits of mantissa.
+    Bf16,
+    /// IEEE half (WGSL has no bf16): 11 bits of mantissa but a range of
+    /// +-65,504, so the products' output gradients are scaled into it
+    /// (`kernels/linear/cube.rs`).
+    F16,
+}
+
+impl HalfFloat {
+    /// The name in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// burn's float type (for `Tensor::cast`).
+    pub fn dtype(self) -> FloatDType {
+        match self {
+            Self::Bf16 => FloatDType::BF16,
+            Self::F16 => FloatDType::F16,
+        }
+    }
+
+    /// burn's element type (for the kernels' casts and launches).
+    pub fn storage(self) -> DType {
+        match self {
+            Self::Bf16 => DType::BF16,
+            Self::F16 => DType::F16,
+        }
+    }
+
+    /// The 16-bit float of `dtype`, if it is one.
+    pub fn of(dtype: DType) -> Option<Self> {
+        match dtype {
+            DType::BF16 => Some(Self::Bf16),
+            DType::F16 => Some(Self::F16),
+            _ => None,
+        }
+    }
+}
+
 /// The bf16 copies of the matrices the matmuls read, indexed like the
 /// model's parameters (`None` where a parameter is no matmul operand).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Bf16Weights {
+    /// On the CPU: the copies as host bf16 values.
     pub copies: Vec<Option<Arc<[bf16]>>>,
+    /// On a GPU (`half` set): the copies as device tensors of `half`, off
+    /// the autodiff graph.
+    pub device: Vec<Option<Tensor<2>>>,
+    /// The GPU's 16-bit float; `None` on the CPU.
+    pub half: Option<HalfFloat>,
     /// How many times the copies were made (tests check "once per step").
     pub refreshes: u64,
 }
@@ -65,6 +124,18 @@ impl Bf16Weights {
     /// threads straight from the weight's buffer, into last step's copy
     /// when nothing else holds it (no allocation), else into a new one.
     pub fn refresh(&mut self, params: &[&Tensor<2>], wanted: impl Fn(usize) -> bool) {
+        if let Some(half) = self.half {
+            // On the device: one cast kernel per weight, nothing read back.
+            self.device = params
+                .iter()
+                .enumerate()
+                .map(|(index, value)| {
+                    wanted(index).then(|| (*value).clone().inner().cast(half.dtype()))
+                })
+                .collect();
+            self.refreshes += 1;
+            return;
+        }
         let mut previous = std::mem::take(&mut self.copies).into_iter();
         self.copies = params
             .iter()
@@ -89,5 +160,22 @@ impl Bf16Weights {
     /// The copy of parameter `index`, if it has one.
     pub fn get(&self, index: usize) -> Option<&Arc<[bf16]>> {
         self.copies.get(index).and_then(Option::as_ref)
+    }
+
+    /// The device copy of parameter `index`, if it has one (on a GPU).
+    pub fn get_device(&self, index: usize) -> Option<&Tensor<2>> {
+        self.device.get(index).and_then(Option::as_ref)
+    }
+
+    /// Bytes the copies take.
+    pub fn bytes(&self) -> usize {
+        let host: usize = self.copies.iter().flatten().map(|c| 2 * c.len()).sum();
+        let device: usize = self
+            .device
+            .iter()
+            .flatten()
+            .map(|c| 2 * c.shape().num_elements())
+            .sum();
+        host + device
     }
 }

@@ -18,8 +18,8 @@
 
 mod common;
 
+use common::gpu::{attention_and_grads, gpu, head_loss_and_grads, on_gpu, random};
 use common::{assert_close, examples, host, param_grads};
-use padfree_model::device::{DeviceChoice, open_device};
 use padfree_model::kernels::{
     AttentionRows, CausalMasks, RopeTables, composed_cross_entropy_sum, composed_rms_norm,
     composed_rope, composed_swiglu, composed_varlen_attention, cross_entropy_sum,
@@ -29,53 +29,10 @@ use padfree_model::tensor::{
     Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, int_tensor_nd, trainable,
 };
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput};
-use padfree_pack::{BatchMeta, SplitMix64, flatten, pad};
+use padfree_pack::{BatchMeta, flatten, pad};
 
 const ATOL: f32 = 1e-5;
 const RTOL: f32 = 1e-4;
-
-/// The GPU under test, without autodiff.
-fn gpu() -> Device {
-    let name = std::env::var("PADFREE_TEST_DEVICE").unwrap_or_else(|_| "vulkan".into());
-    let choice: DeviceChoice = name.parse().expect("PADFREE_TEST_DEVICE names a device");
-    let opened = open_device(choice).unwrap_or_else(|err| panic!("{err}"));
-    eprintln!("GPU under test: {}", opened.description);
-    // CI's lavapipe is a Vulkan device; OpenGL is refused when it opens.
-    if name == "vulkan" {
-        assert!(
-            opened.description.contains("(Vulkan,"),
-            "not a Vulkan device: {}",
-            opened.description
-        );
-    }
-    opened.device
-}
-
-fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut rng = SplitMix64::new(seed);
-    (0..n)
-        .map(|_| scale * rng.standard_normal() as f32)
-        .collect()
-}
-
-/// Output and `[dq, dk, dv]` of `sum(out * weights)` through `attention`.
-fn attention_and_grads(
-    device: &Device,
-    values: &[Vec<f32>; 4],
-    shapes: [[usize; 3]; 2],
-    attention: impl Fn(Tensor<3>, Tensor<3>, Tensor<3>) -> Tensor<3>,
-) -> (Vec<f32>, [Vec<f32>; 3]) {
-    let [q_shape, kv_shape] = shapes;
-    let leaf = |v: &Vec<f32>, shape| trainable(float_tensor(v.clone(), shape, device));
-    let q = leaf(&values[0], q_shape);
-    let k = leaf(&values[1], kv_shape);
-    let v = leaf(&values[2], kv_shape);
-    let weights = float_tensor(values[3].clone(), q_shape, device);
-    let out = attention(q.clone(), k.clone(), v.clone());
-    let grads = backward(&(out.clone() * weights).sum());
-    let g = |t: &Tensor<3>| grad(t, &grads).expect("a gradient").into_vec();
-    (out.into_vec(), [g(&q), g(&k), g(&v)])
-}
 
 /// The tiled CubeCL kernel against the per-row CubeCL kernel and the
 /// composed oracle on the GPU, and the host kernel on the CPU, for ragged
@@ -309,27 +266,6 @@ fn cubecl_cross_entropy_matches_the_oracle_and_the_cpu() {
     }
 }
 
-/// Loss, `dx` and `dhead` of `0.7 * loss_of(x, head)` for random `x`
-/// `[K, C]` and `head` `[V, C]` on `device`.
-fn head_loss_and_grads(
-    device: &Device,
-    [rows, channels, vocab]: [usize; 3],
-    loss_of: impl Fn(Tensor<2>, Tensor<2>) -> Tensor<1>,
-) -> (Vec<f32>, [Vec<f32>; 2]) {
-    let leaf = |shape: [usize; 2], seed| {
-        trainable(float_tensor(
-            random(shape[0] * shape[1], seed, 1.0),
-            shape,
-            device,
-        ))
-    };
-    let (x, head) = (leaf([rows, channels], 31), leaf([vocab, channels], 32));
-    let loss = loss_of(x.clone(), head.clone());
-    let grads = backward(&(loss.clone() * 0.7));
-    let g = |t: &Tensor<2>| grad(t, &grads).expect("a gradient").into_vec();
-    (loss.into_vec(), [g(&x), g(&head)])
-}
-
 /// The LM head and the cross-entropy in one op on the GPU, its logits made
 /// in chunks of rows and never kept, against the unchunked head product and
 /// fused cross-entropy on the GPU and the same on the CPU: chunks of one
@@ -348,7 +284,7 @@ fn the_head_and_cross_entropy_in_chunks_match_the_whole_logits() {
     let (cpu_loss, cpu_grads) = head_loss_and_grads(&cpu, shape, whole);
     for chunk_rows in [1, 4, rows, 64] {
         let (loss, grads) = head_loss_and_grads(&gpu, shape, |x, head| {
-            head_cross_entropy_sum(x, head, &targets, chunk_rows).expect("the op takes these")
+            head_cross_entropy_sum(x, head, None, &targets, chunk_rows).expect("the op takes these")
         });
         let what = format!("chunks of {chunk_rows} rows");
         assert_close(
@@ -503,9 +439,7 @@ fn the_models_loss_and_gradients_on_the_gpu_match_the_cpu() {
         ..LlamaConfig::tiny()
     };
     let cpu_model = LlamaModel::init(&config, 5, &cpu_device(true)).expect("valid");
-    let dir = tempfile::tempdir().expect("scratch dir");
-    cpu_model.save_hf_dir(dir.path()).expect("saves");
-    let gpu_model = LlamaModel::from_hf_dir(dir.path(), &gpu().autodiff()).expect("loads");
+    let gpu_model = on_gpu(&cpu_model);
     assert!(!gpu_model.on_cpu());
     let batch = examples(&[23, 1, 40, 2, 11], config.vocab_size as u32, 9);
     let flat = flatten(&batch).expect("flattens");

@@ -155,6 +155,13 @@ pub struct BenchArgs {
     /// `bf16=True` (docs/training.md, "bf16").
     #[arg(long)]
     pub bf16: bool,
+    /// Time the varlen attention alone instead of training: one layer's
+    /// forward and backward on each micro-batch of the varlen mode, the
+    /// tiled kernels against the per-row ones (and, with --bf16 on a GPU,
+    /// the tiled kernels on 16-bit inputs); writes attention.md and
+    /// attention.json.
+    #[arg(long, conflicts_with_all = ["peer", "peer_python"])]
+    pub attention_alone: bool,
     /// Internal: run one mode in this process and write its result here.
     #[arg(long, hide = true, requires = "child_result", value_parser = bench_mode)]
     pub child_mode: Option<BenchMode>,
@@ -211,6 +218,8 @@ pub struct BenchJob {
     pub gradient_checkpointing: bool,
     /// `--bf16`.
     pub precision: padfree_model::Precision,
+    /// `--attention-alone`: time the attention op, train nothing.
+    pub attention_alone: bool,
 }
 
 /// `1st`, `2nd`, `3rd`, `4th`, ...
@@ -272,9 +281,9 @@ impl BenchArgs {
             );
         }
         let lora = self.lora.validate()?;
-        if self.bf16 && self.device.is_gpu() {
+        if self.bf16 && self.device.is_gpu() && lora.is_some() {
             bail!(
-                "--bf16 runs on the CPU only in this build\nHINT: drop --device to bench bf16 on the CPU"
+                "--bf16 with LoRA or QLoRA runs on the CPU only in this build\nHINT: drop --device to bench LoRA in bf16 on the CPU"
             );
         }
         let job = BenchJob {
@@ -313,6 +322,7 @@ impl BenchArgs {
             seed: self.seed,
             max_seq_len: self.max_seq_len,
             repeats: self.repeats,
+            attention_alone: self.attention_alone,
         };
         // Every mode shares these settings: refuse bad ones before any run.
         job.train_job(BenchMode {

@@ -25,7 +25,7 @@ pub fn run(job: &CheckJob) -> anyhow::Result<()> {
     if config.precision == padfree_model::Precision::Bf16 {
         println!(
             "precision: bf16 matmuls ({}), f32 accumulation",
-            padfree_model::Precision::cpu_matmul_body()
+            model.bf16_matmul_body()
         );
     }
     let outcome = verify_packing(&model, &dataset, &config, 0, job.batches, job.fault)?;

@@ -228,9 +228,9 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         };
         say!(
             "precision: bf16 matmul operands, f32 accumulation ({}); {kept}",
-            padfree_model::Precision::cpu_matmul_body()
+            model.bf16_matmul_body()
         );
-        if !padfree_model::Precision::cpu_has_bf16_instructions() {
+        if model.on_cpu() && !padfree_model::Precision::cpu_has_bf16_instructions() {
             say!(
                 "NOTE: this CPU has no AVX512-BF16: --bf16 rounds as bf16 does but multiplies in f32, so it runs no faster than f32"
             );

@@ -17,8 +17,9 @@
 //!
 //! `rope.rs` is the rotary position embedding of queries and keys.
 //!
-//! `linear.rs` is a linear layer's `x W^T` and its two gradients (f32, or
-//! bf16 operands for `--bf16`), and `gemm.rs` the products on host slices
+//! `linear/` is a linear layer's `x W^T` and its two gradients (f32, or
+//! bf16 operands for `--bf16`; on a GPU 16-bit operands on burn's matmul,
+//! `linear/cube.rs`), and `gemm.rs` the products on host slices
 //! it and the other kernels call (burn-flex's gemm kernels without its
 //! zeroed, copied outputs); `gemm_bf16/` the bf16 products (AVX512-BF16,
 //! or widened to f32 where the CPU lacks it) and `bf16.rs` the rounding.
@@ -47,15 +48,18 @@ mod swiglu;
 
 pub use attention::{
     AttentionRows, BLOCK_ROWS, CausalMasks, bf16_varlen_attention, composed_padded_attention,
-    composed_varlen_attention, per_row_varlen_attention, varlen_attention,
+    composed_varlen_attention, half_varlen_attention, per_row_varlen_attention, varlen_attention,
 };
 pub use cross_entropy::{
     composed_cross_entropy_sum, cross_entropy_sum, head_chunk_rows, head_cross_entropy_sum,
 };
 pub use host_op::UnsupportedTensor;
+#[cfg(feature = "cube")]
+pub use linear::F16_TARGET;
 pub(crate) use linear::round_tensor;
 pub use linear::{
-    bf16_linear, bf16_linear_storing_input, composed_bf16_linear, composed_linear, fused_linear,
+    bf16_linear, bf16_linear_storing_input, composed_bf16_linear, composed_half_linear,
+    composed_linear, fused_linear, half_linear, round_to_half,
 };
 pub use lora_linear::{
     LoraCopies, LoraFactors, LoraLayer, bf16_lora_linear, composed_bf16_lora_linear,

@@ -6,7 +6,8 @@ use super::rope::Rope;
 use crate::error::ModelError;
 use crate::kernels::{
     AttentionRows, CausalMasks, bf16_varlen_attention, composed_padded_attention,
-    composed_varlen_attention, round_tensor, varlen_attention,
+    composed_varlen_attention, half_varlen_attention, round_tensor, round_to_half,
+    varlen_attention,
 };
 use crate::tensor::{Bool, Tensor};
 use crate::weights::table::Param;
@@ -117,25 +118,38 @@ impl Attention<'_> {
     ) -> Result<Tensor<2>, ModelError> {
         let n = x.dims()[0];
         let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        // On a GPU under `--bf16` the three projections share one 16-bit
+        // copy of their input for the backward pass (each would keep its
+        // own otherwise: 6 bytes a value against f32's shared 4).
+        let x = match self.q_proj.device_half() {
+            Some(half) => x.cast(half.dtype()),
+            None => x,
+        };
         let q = project(x.clone(), &self.q_proj, self.q_bias)?;
         let k = project(x.clone(), &self.k_proj, self.k_bias)?;
         let v = project(x, &self.v_proj, self.v_bias)?.reshape([n, hkv, d]);
         let q = rope.apply(per_head_norm(q, h, d, self.q_norm.as_ref())?)?;
         let k = rope.apply(per_head_norm(k, hkv, d, self.k_norm.as_ref())?)?;
         let bf16 = self.o_proj.is_bf16();
+        let half = self.o_proj.device_half();
         // Under `--bf16` the composed oracles take the values the fused
-        // kernel takes (q, k, v rounded to bf16: autocast's attention
-        // inputs), and their output is rounded as the fused op's is.
+        // kernel takes (q, k, v rounded to bf16, or on a GPU to its 16-bit
+        // float: autocast's attention inputs), and their output is rounded
+        // as the fused op's is.
+        let round = |x: Tensor<3>| match half {
+            Some(half) => round_to_half(x, half),
+            None => round_3d(x),
+        };
         let composed_inputs = |q: Tensor<3>, k: Tensor<3>, v: Tensor<3>| {
             if bf16 {
-                (round_3d(q), round_3d(k), round_3d(v))
+                (round(q), round(k), round(v))
             } else {
                 (q, k, v)
             }
         };
         let composed_output = |context: Tensor<3>| {
-            let context = self.heads_joined(context);
-            if bf16 { round_tensor(context) } else { context }
+            let context = if bf16 { round(context) } else { context };
+            self.heads_joined(context)
         };
         let context = match layout {
             AttentionLayout::Varlen {
@@ -213,7 +227,9 @@ impl Attention<'_> {
         rows: &AttentionRows,
     ) -> Result<Tensor<2>, ModelError> {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let context = if self.o_proj.is_bf16() {
+        let context = if let Some(half) = self.o_proj.device_half() {
+            half_varlen_attention(q, k, v, rows, scale, half, false)?
+        } else if self.o_proj.is_bf16() {
             bf16_varlen_attention(q, k, v, rows, scale)?
         } else {
             varlen_attention(q, k, v, rows, scale)?

@@ -28,12 +28,15 @@ impl<'a> DecoderLayer<'a> {
     /// this order (`weights::table::layer_tensors` of `config`; `quantized`
     /// beside it: a projection's weight in GGUF blocks, if kept so), with
     /// the LoRA adapter of each projection `adapter` gives; under `--bf16`
-    /// (`bf16`) the dense projections multiply their copies in `bf16_copies`.
+    /// (`bf16`) the dense projections multiply their copies in `bf16_copies`
+    /// (on the CPU) or `device_copies` (on a GPU).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         params: &'a [Param],
         quantized: &'a [Option<QuantMatrix>],
         bf16: bool,
         bf16_copies: &'a [Option<Arc<[bf16]>>],
+        device_copies: &'a [Option<Tensor<2>>],
         tensors: &[LayerTensor],
         config: &LlamaConfig,
         adapter: impl Fn(LoraTarget) -> Option<Adapter<'a>>,
@@ -56,6 +59,7 @@ impl<'a> DecoderLayer<'a> {
                 adapter(target),
             )
             .with_bf16(bf16, bf16_copies.get(at).and_then(Option::as_ref))
+            .with_device_copy(device_copies.get(at).and_then(Option::as_ref))
         };
         let eps = config.rms_norm_eps;
         Self {

@@ -5,9 +5,11 @@ use half::bf16;
 use crate::error::ModelError;
 use crate::kernels::{
     LoraCopies, LoraLayer, bf16_linear, bf16_linear_storing_input, bf16_lora_linear,
-    bf16_quant_linear, composed_quant_linear, fused_linear, lora_linear, on_cpu, quant_linear,
+    bf16_quant_linear, composed_quant_linear, fused_linear, half_linear, lora_linear, on_cpu,
+    quant_linear,
 };
 use crate::lora::Adapter;
+use crate::precision::HalfFloat;
 use crate::tensor::Tensor;
 use crate::weights::quantized::QuantMatrix;
 use crate::weights::table::Param;
@@ -27,6 +29,9 @@ pub struct Linear<'a> {
     /// `--bf16`: the dense weight's bf16 copy (made once per optimizer
     /// step, or once for a frozen base); `None` for a base in GGUF blocks.
     pub(crate) bf16_copy: Option<&'a Arc<[bf16]>>,
+    /// `--bf16` on a GPU: the dense weight's 16-bit copy on the device
+    /// (bf16 or f16, `precision.rs`), used instead of `bf16_copy`.
+    pub(crate) device_copy: Option<&'a Tensor<2>>,
 }
 
 impl<'a> Linear<'a> {
@@ -42,6 +47,7 @@ impl<'a> Linear<'a> {
             adapter,
             bf16: false,
             bf16_copy: None,
+            device_copy: None,
         }
     }
 
@@ -53,9 +59,25 @@ impl<'a> Linear<'a> {
         self
     }
 
+    /// The same layer's weight copy on a GPU (`--bf16` there).
+    pub fn with_device_copy(mut self, copy: Option<&'a Tensor<2>>) -> Self {
+        self.device_copy = copy;
+        self
+    }
+
     /// Whether the product has bf16 operands (`--bf16`).
     pub fn is_bf16(&self) -> bool {
         self.bf16
+    }
+
+    /// The GPU's 16-bit float when this layer multiplies in it (`--bf16`
+    /// on a GPU); `None` in f32 and on the CPU.
+    pub fn device_half(&self) -> Option<HalfFloat> {
+        if !self.bf16 {
+            return None;
+        }
+        self.device_copy
+            .and_then(|copy| HalfFloat::of(copy.dtype()))
     }
 
     /// The dense weight's bf16 copy; a layer set to bf16 without one is a
@@ -72,6 +94,10 @@ impl<'a> Linear<'a> {
     /// the layer keeps it for the backward pass as bf16 (half the memory).
     pub fn forward_storing_input(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
         if self.bf16 && self.adapter.is_none() && self.quantized.is_none() {
+            if self.device_copy.is_some() {
+                // The GPU's op keeps its own 16-bit copy of `x` anyway.
+                return self.forward(x);
+            }
             let copy = self.copy()?.clone();
             return Ok(bf16_linear_storing_input(
                 x,
@@ -117,7 +143,10 @@ impl<'a> Linear<'a> {
             Some(quantized) if self.bf16 => bf16_quant_linear(x, quantized)?,
             Some(quantized) if on_cpu(&x.device()) => quant_linear(x, quantized)?,
             Some(quantized) => composed_quant_linear(x, quantized),
-            None if self.bf16 => bf16_linear(x, self.weight.value.clone(), self.copy()?.clone())?,
+            None if self.bf16 => match self.device_copy {
+                Some(copy) => half_linear(x, self.weight.value.clone(), copy)?,
+                None => bf16_linear(x, self.weight.value.clone(), self.copy()?.clone())?,
+            },
             None => fused_linear(x, self.weight.value.clone())?,
         })
     }

@@ -18,8 +18,17 @@ impl Mlp<'_> {
     /// `[N, C] -> [N, C]`; the gate through the fused kernel
     /// (`kernels/swiglu.rs`).
     pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
+        // On a GPU under `--bf16` gate and up share one 16-bit copy of `x`.
+        let x = match self.gate_proj.device_half() {
+            Some(half) => x.cast(half.dtype()),
+            None => x,
+        };
         let gate = self.gate_proj.forward(x.clone())?;
         let up = self.up_proj.forward(x)?;
+        if self.down_proj.device_half().is_some() {
+            // On a GPU the down projection keeps its input as 16-bit itself.
+            return self.down_proj.forward(swiglu(gate, up)?);
+        }
         if self.down_proj.is_bf16() {
             // gate and up kept as bf16 by SwiGLU, its output by down_proj.
             return self.down_proj.forward_storing_input(bf16_swiglu(gate, up)?);

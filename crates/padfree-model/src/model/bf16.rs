@@ -4,14 +4,15 @@
 
 use super::LlamaModel;
 use crate::error::ModelError;
-use crate::precision::{Bf16Weights, Precision};
+use crate::precision::{Bf16Weights, HalfFloat, Precision};
 use crate::tensor::Tensor;
 use crate::weights::table::index;
 
 impl LlamaModel {
     /// The same model computing its matmuls in `precision`. bf16 makes the
-    /// weights' bf16 copies at once (the adapters' too); it runs on the CPU
-    /// in this build.
+    /// weights' bf16 copies at once (the adapters' too). On a GPU the copies
+    /// are device tensors of its runtime's 16-bit float (bf16, or f16 where
+    /// it has no bf16: [`Self::half_float`]), full fine-tuning only.
     pub fn with_precision(mut self, precision: Precision) -> Result<Self, ModelError> {
         if precision == Precision::F32 {
             self.bf16 = None;
@@ -26,18 +27,46 @@ impl LlamaModel {
                 hint,
             })
         };
+        let mut copies = Bf16Weights::default();
         if !self.on_cpu() {
-            return refuse(
-                "--bf16 runs on the CPU only in this build (the GPU's bf16 matmuls and attention are not built yet)",
-                "drop --device to train in bf16 on the CPU, or drop --bf16 to train in f32 on the GPU",
-            );
+            if self.lora.is_some() {
+                return refuse(
+                    "--bf16 with LoRA or QLoRA runs on the CPU only in this build (the GPU's 16-bit products are built for full fine-tuning)",
+                    "drop --device to train the adapters in bf16 on the CPU, or drop --bf16 to train them in f32 on the GPU",
+                );
+            }
+            let Some(half) = crate::device::half_float(&self.device) else {
+                return refuse(
+                    "this GPU's runtime has neither bf16 nor f16 (for WGSL, the adapter lacks `shader-f16`)",
+                    "drop --bf16 to train in f32 on this GPU, or use --device cuda on an NVIDIA GPU",
+                );
+            };
+            copies.half = Some(half);
         }
-        self.bf16 = Some(Bf16Weights::default());
+        self.bf16 = Some(copies);
         self.refresh_base_copies();
         if let Some(lora) = &mut self.lora {
             lora.refresh_bf16();
         }
         Ok(self)
+    }
+
+    /// The 16-bit float of the GPU's products under `--bf16`: bf16, or f16
+    /// on a runtime without bf16; `None` in f32 and on the CPU.
+    pub fn half_float(&self) -> Option<HalfFloat> {
+        self.bf16.as_ref().and_then(|b| b.half)
+    }
+
+    /// What computes the `--bf16` products here, for the log: the CPU's
+    /// kernel, or the GPU's matmul and its 16-bit float.
+    pub fn bf16_matmul_body(&self) -> &'static str {
+        match self.half_float() {
+            Some(HalfFloat::Bf16) => "bf16 operands on the GPU's CubeCL matmul",
+            Some(HalfFloat::F16) => {
+                "f16 operands on the GPU's CubeCL matmul, as this runtime has no bf16 (WGSL); output gradients scaled into f16's range per product"
+            }
+            None => Precision::cpu_matmul_body(),
+        }
     }
 
     /// What the matmuls compute in.

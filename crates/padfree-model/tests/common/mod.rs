@@ -8,6 +8,8 @@ use padfree_model::{LlamaConfig, LlamaModel, ModelInput, causal_lm_loss};
 use padfree_pack::{Example, flatten, synthetic_prompted_examples};
 use safetensors::{Dtype, SafeTensors};
 
+pub mod gpu;
+
 /// Examples of the given lengths with pseudo-random ids below `vocab`, the
 /// first third of each a prompt without labels, so masking is exercised too.
 pub fn examples(lengths: &[usize], vocab: u32, seed: u64) -> Vec<Example> {

@@ -5,8 +5,10 @@
 //!
 //! This file runs the modes (parent and child processes); `peer.rs` runs
 //! Hugging Face's Trainer on the same weights and batches; `report.rs`
-//! renders the table, the findings and the files.
+//! renders the table, the findings and the files; `attention.rs` times the
+//! attention op alone (`--attention-alone`).
 
+mod attention;
 mod peer;
 mod report;
 
@@ -103,6 +105,9 @@ impl BenchJob {
 pub fn run(args: &BenchJob) -> anyhow::Result<()> {
     if let Some(child) = &args.child {
         return run_child(args, child.mode, &child.result);
+    }
+    if args.attention_alone {
+        return attention::run(args);
     }
     let output_dir = args.output_dir.clone();
     check_writable(&output_dir)?;

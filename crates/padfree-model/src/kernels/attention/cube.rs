@@ -18,15 +18,17 @@
 //!
 //! # Shapes
 //! `q`, `out`, `dq`: `[T, H, D]`; `k`, `v`, `dk`, `dv`: `[T, Hkv, D]`;
-//! `lse`: `[T, H]`; all contiguous f32.
+//! `lse`: `[T, H]`; all contiguous f32, but for `q`, `k` and `v` under
+//! `--bf16` (16-bit, [`attention`]).
 
-use burn::tensor::Tensor as BurnTensor;
-use burn_cubecl::kernel::into_contiguous;
+use burn::tensor::{DType, Tensor as BurnTensor};
+use burn_cubecl::kernel::{cast, into_contiguous};
 use burn_cubecl::tensor::CubeTensor;
 
 use super::host::AttentionDims;
 use crate::kernels::cube_op::{CubeOp, apply, contiguous_primitive};
 use crate::kernels::host_op::UnsupportedTensor;
+use crate::precision::HalfFloat;
 
 mod rows;
 mod tiled;
@@ -43,8 +45,8 @@ pub(super) enum Body {
     PerRow,
 }
 
-/// What the backward pass needs: the inputs, the output, the log-sum-exp,
-/// the body's row table.
+/// What the backward pass needs: the inputs (16-bit under `half`), the
+/// output, the log-sum-exp, the body's row table.
 #[derive(Debug, Clone)]
 struct Saved {
     q: CubeTensor,
@@ -58,15 +60,36 @@ struct Saved {
     body: Body,
 }
 
+impl Saved {
+    /// `q`, `k`, `v` as the per-row kernels read them: f32.
+    fn widened(&self) -> Self {
+        let widen = |t: &CubeTensor| cast(t.clone(), DType::F32);
+        Self {
+            q: widen(&self.q),
+            k: widen(&self.k),
+            v: widen(&self.v),
+            ..self.clone()
+        }
+    }
+}
+
 /// The differentiable op on a CubeCL device: `q`, `k`, `v` (plain or on an
 /// autodiff device of that backend) -> `[T, H, D]`, by `body` over its row
 /// `table` (blocks for [`Body::Tiled`], bounds for [`Body::PerRow`]).
+///
+/// Under `half` (`--bf16` on a GPU, autocast's attention) `q`, `k` and `v`
+/// are cast to that 16-bit float on the way in and kept so for the
+/// backward pass; the tiled kernels read them as such, every sum in f32;
+/// the output is rounded to `half` (it is a weighted mean of `v`'s rows,
+/// so within f16's range), the gradients leave in f32. The per-row oracle
+/// reads the same rounded values widened to f32.
 pub(super) fn attention(
     inputs: [BurnTensor<3>; 3],
     table: &BurnTensor<2>,
     body: Body,
     dims: AttentionDims,
     scale: f32,
+    half: Option<HalfFloat>,
 ) -> Result<BurnTensor<3>, UnsupportedTensor> {
     if dims.head_dim > MAX_HEAD_DIM || dims.head_dim == 0 {
         return Err(UnsupportedTensor(format!(
@@ -83,6 +106,7 @@ pub(super) fn attention(
             body,
             dims,
             scale,
+            half,
         },
         inputs,
     )
@@ -94,16 +118,29 @@ struct Attention {
     body: Body,
     dims: AttentionDims,
     scale: f32,
+    half: Option<HalfFloat>,
 }
 
 impl CubeOp<3> for Attention {
     type Saved = Saved;
 
     fn forward(&self, [q, k, v]: [CubeTensor; 3]) -> (CubeTensor, Saved) {
-        let (out, lse) = match self.body {
-            Body::Tiled => tiled::forward([&q, &k, &v], &self.table, self.dims, self.scale),
-            Body::PerRow => rows::forward(&q, &k, &v, &self.table, self.dims, self.scale),
+        let [q, k, v] = match self.half {
+            Some(half) => [q, k, v].map(|t| cast(t, half.storage())),
+            None => [q, k, v],
         };
+        let (mut out, lse) = match (self.body, self.half) {
+            (Body::Tiled, _) => tiled::forward([&q, &k, &v], &self.table, self.dims, self.scale),
+            (Body::PerRow, None) => rows::forward(&q, &k, &v, &self.table, self.dims, self.scale),
+            (Body::PerRow, Some(_)) => {
+                let widen = |t: &CubeTensor| cast(t.clone(), DType::F32);
+                let (q, k, v) = (widen(&q), widen(&k), widen(&v));
+                rows::forward(&q, &k, &v, &self.table, self.dims, self.scale)
+            }
+        };
+        if let Some(half) = self.half {
+            out = cast(cast(out, half.storage()), DType::F32);
+        }
         let saved = Saved {
             q,
             k,
@@ -122,6 +159,7 @@ impl CubeOp<3> for Attention {
         let d_out = into_contiguous(d_out);
         match saved.body {
             Body::Tiled => tiled::backward(saved, d_out),
+            Body::PerRow if saved.q.dtype != DType::F32 => rows::backward(&saved.widened(), d_out),
             Body::PerRow => rows::backward(saved, d_out),
         }
     }

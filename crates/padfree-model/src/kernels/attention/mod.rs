@@ -37,6 +37,7 @@
 use std::sync::Arc;
 
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use crate::precision::HalfFloat;
 use crate::tensor::{Device, Tensor, float_tensor};
 
 mod bf16;
@@ -126,7 +127,7 @@ pub fn varlen_attention(
 ) -> Result<Tensor<3>, UnsupportedTensor> {
     let dims = dims_of(&q, &k);
     if let Some(blocks) = &rows.blocks {
-        return gpu_attention([q, k, v], blocks, GpuBody::Tiled, dims, scale);
+        return gpu_attention([q, k, v], blocks, GpuBody::Tiled, dims, scale, None);
     }
     let op = VarlenAttention {
         cu_seqlens: rows.cu_seqlens.clone(),
@@ -161,7 +162,34 @@ pub fn per_row_varlen_attention(
         return varlen_attention(q, k, v, rows, scale);
     }
     let (dims, bounds) = (dims_of(&q, &k), rows.row_bounds(&q.device()));
-    gpu_attention([q, k, v], &bounds, GpuBody::PerRow, dims, scale)
+    gpu_attention([q, k, v], &bounds, GpuBody::PerRow, dims, scale, None)
+}
+
+/// [`varlen_attention`] on a GPU under `--bf16`: `q`, `k`, `v` cast to
+/// `half` and kept so, the tiled kernels reading them as such (sums in
+/// f32), the output rounded to `half` (`cube.rs`). With `per_row` the
+/// per-row oracle reads the same rounded values. A CPU's bf16 attention is
+/// [`bf16_varlen_attention`].
+pub fn half_varlen_attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    rows: &AttentionRows,
+    scale: f32,
+    half: HalfFloat,
+    per_row: bool,
+) -> Result<Tensor<3>, UnsupportedTensor> {
+    let dims = dims_of(&q, &k);
+    let Some(blocks) = &rows.blocks else {
+        return Err(UnsupportedTensor(
+            "16-bit attention runs on a GPU (the CPU's is bf16_varlen_attention)".into(),
+        ));
+    };
+    if per_row {
+        let bounds = rows.row_bounds(&q.device());
+        return gpu_attention([q, k, v], &bounds, GpuBody::PerRow, dims, scale, Some(half));
+    }
+    gpu_attention([q, k, v], blocks, GpuBody::Tiled, dims, scale, Some(half))
 }
 
 #[cfg(feature = "cube")]
@@ -181,8 +209,9 @@ fn gpu_attention(
     body: GpuBody,
     dims: AttentionDims,
     scale: f32,
+    half: Option<HalfFloat>,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
-    cube::attention(inputs, table, body, dims, scale)
+    cube::attention(inputs, table, body, dims, scale, half)
 }
 
 #[cfg(not(feature = "cube"))]
@@ -192,6 +221,7 @@ fn gpu_attention(
     _: GpuBody,
     _: AttentionDims,
     _: f32,
+    _: Option<HalfFloat>,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
     Err(UnsupportedTensor(
         "padfree was built without its GPU kernels (feature `wgpu` or `cuda`)".into(),

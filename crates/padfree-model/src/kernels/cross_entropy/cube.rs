@@ -16,7 +16,7 @@
 
 use burn::tensor::Tensor as BurnTensor;
 use burn_cubecl::CubeBackend;
-use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::kernel::{cast, into_contiguous};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
@@ -25,9 +25,11 @@ use crate::kernels::cube_op::{
     workgroup_max, workgroup_sum,
 };
 use crate::kernels::host_op::UnsupportedTensor;
+use crate::kernels::linear::{HalfGrad, half_product, transposed};
+use crate::precision::HalfFloat;
 use crate::tensor::{Device, float_tensor};
 use burn_backend::ops::FloatTensorOps;
-use burn_backend::{FloatDType, Slice, TensorMetadata};
+use burn_backend::{DType, FloatDType, Slice, TensorMetadata};
 
 #[cube(launch)]
 fn forward_kernel(
@@ -119,17 +121,37 @@ pub(super) fn cross_entropy_sum(
 /// the backward pass makes each chunk's logits again. No `[K, V]` tensor
 /// exists, forward or backward: at most one `[chunk_rows, V]` chunk of
 /// logits and one of their gradient.
+///
+/// With `head16` (`--bf16` on a GPU: the head's 16-bit copy, off the graph)
+/// the chunks' products take 16-bit operands as the linear layers' do
+/// (`kernels/linear/cube.rs`): `x` cast once and kept so, the logits
+/// written in f32 (rounded to bf16 in bf16, as autocast's head output is),
+/// each chunk's `d_logits` cast (scaled in f16) for `dx` and `d_head`.
 pub(super) fn head_cross_entropy_sum(
     x: BurnTensor<2>,
     head: BurnTensor<2>,
+    head16: Option<&BurnTensor<2>>,
     targets: &[usize],
     chunk_rows: usize,
     device: &Device,
 ) -> Result<BurnTensor<1>, UnsupportedTensor> {
     let targets = targets_tensor(targets, device)?;
+    let head16 = match head16 {
+        Some(copy) => {
+            let half = HalfFloat::of(copy.dtype()).ok_or_else(|| {
+                UnsupportedTensor(format!(
+                    "a 16-bit head was expected, not {:?}",
+                    copy.dtype()
+                ))
+            })?;
+            Some((contiguous_primitive(copy)?, half))
+        }
+        None => None,
+    };
     let op = HeadCrossEntropy {
         targets,
         chunk_rows: chunk_rows.max(1),
+        head16,
     };
     let rows: BurnTensor<1> = apply(&op, [x, head])?;
     Ok(rows.sum())
@@ -216,6 +238,8 @@ impl CubeOp<1> for CrossEntropy {
 struct HeadCrossEntropy {
     targets: CubeTensor,
     chunk_rows: usize,
+    /// The head's 16-bit copy and its float, under `--bf16`.
+    head16: Option<(CubeTensor, HalfFloat)>,
 }
 
 /// What its backward pass reads: the rows' hidden states and the head
@@ -223,11 +247,14 @@ struct HeadCrossEntropy {
 /// targets and each row's log-sum-exp; no logits.
 #[derive(Debug, Clone)]
 struct HeadSaved {
+    /// f32, or 16-bit with `half`.
     x: CubeTensor,
+    /// The head, or its 16-bit copy with `half`.
     head: CubeTensor,
     targets: CubeTensor,
     lse: CubeTensor,
     chunk_rows: usize,
+    half: Option<HalfFloat>,
 }
 
 /// Rows `[start, end)` of a contiguous tensor, contiguous.
@@ -244,22 +271,41 @@ fn chunks(rows: usize, chunk_rows: usize) -> impl Iterator<Item = (usize, usize)
         .map(move |start| (start, (start + chunk_rows).min(rows)))
 }
 
-/// A chunk's logits, `x[start..end] head^T`, contiguous.
-fn chunk_logits(x: &CubeTensor, head_t: &CubeTensor, start: usize, end: usize) -> CubeTensor {
-    into_contiguous(CubeBackend::float_matmul(
-        rows_of(x, start, end),
-        head_t.clone(),
-    ))
+/// A chunk's logits, `x[start..end] head^T`, contiguous f32: of 16-bit
+/// operands under `half` (rounded to bf16 in bf16).
+fn chunk_logits(
+    x: &CubeTensor,
+    head_t: &CubeTensor,
+    start: usize,
+    end: usize,
+    half: Option<HalfFloat>,
+) -> CubeTensor {
+    let rows = rows_of(x, start, end);
+    match half {
+        None => into_contiguous(CubeBackend::float_matmul(rows, head_t.clone())),
+        Some(half) => {
+            let logits = half_product(rows, head_t.clone());
+            if half == HalfFloat::Bf16 {
+                return cast(cast(logits, half.storage()), DType::F32);
+            }
+            logits
+        }
+    }
 }
 
 impl CubeOp<2> for HeadCrossEntropy {
     type Saved = HeadSaved;
 
     fn forward(&self, [x, head]: [CubeTensor; 2]) -> (CubeTensor, HeadSaved) {
-        let head_t = CubeBackend::float_transpose(head.clone());
+        let half = self.head16.as_ref().map(|(_, half)| *half);
+        let (x, head) = match &self.head16 {
+            Some((head16, half)) => (cast(x, half.storage()), head16.clone()),
+            None => (x, head),
+        };
+        let head_t = transposed(&head);
         let (mut losses, mut lses) = (Vec::new(), Vec::new());
         for (start, end) in chunks(x.meta.shape()[0], self.chunk_rows) {
-            let logits = chunk_logits(&x, &head_t, start, end);
+            let logits = chunk_logits(&x, &head_t, start, end, half);
             let (loss, lse) = forward(&logits, &rows_of(&self.targets, start, end));
             losses.push(loss);
             lses.push(lse);
@@ -270,6 +316,7 @@ impl CubeOp<2> for HeadCrossEntropy {
             targets: self.targets.clone(),
             lse: CubeBackend::float_cat(lses, 0),
             chunk_rows: self.chunk_rows,
+            half,
         };
         (CubeBackend::float_cat(losses, 0), saved)
     }
@@ -281,13 +328,14 @@ impl CubeOp<2> for HeadCrossEntropy {
             targets,
             lse,
             chunk_rows,
+            half,
         } = saved;
         let d_loss = into_contiguous(d_loss);
-        let head_t = CubeBackend::float_transpose(head.clone());
+        let head_t = transposed(head);
         let mut dx = Vec::new();
         let mut d_head = CubeBackend::float_zeros(head.shape(), &head.device, FloatDType::F32);
         for (start, end) in chunks(x.meta.shape()[0], *chunk_rows) {
-            let logits = chunk_logits(x, &head_t, start, end);
+            let logits = chunk_logits(x, &head_t, start, end, *half);
             let d_logits = backward(
                 &logits,
                 &rows_of(targets, start, end),
@@ -295,11 +343,17 @@ impl CubeOp<2> for HeadCrossEntropy {
                 &rows_of(&d_loss, start, end),
             );
             drop(logits);
-            dx.push(CubeBackend::float_matmul(d_logits.clone(), head.clone()));
-            let part = CubeBackend::float_matmul(
-                CubeBackend::float_transpose(d_logits),
-                rows_of(x, start, end),
-            );
+            let part = match half {
+                None => {
+                    dx.push(CubeBackend::float_matmul(d_logits.clone(), head.clone()));
+                    CubeBackend::float_matmul(transposed(&d_logits), rows_of(x, start, end))
+                }
+                Some(half) => {
+                    let d_logits = HalfGrad::new(d_logits, *half);
+                    dx.push(d_logits.times(head.clone()));
+                    d_logits.transposed_times(rows_of(x, start, end))
+                }
+            };
             d_head = CubeBackend::float_add(d_head, part);
         }
         [CubeBackend::float_cat(dx, 0), d_head]

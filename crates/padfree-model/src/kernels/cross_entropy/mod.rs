@@ -61,16 +61,27 @@ pub fn head_chunk_rows(vocab: usize) -> usize {
 /// chunk by chunk in the backward pass: no `[K, V]` tensor ever exists, for
 /// one more head product. Elsewhere (the CPU, a build without GPU kernels)
 /// [`cross_entropy_sum`] of the product.
+///
+/// `head16` (`--bf16` on a GPU): the head's 16-bit copy on the device (bf16
+/// or f16); the chunks' products then take 16-bit operands, `x` cast once
+/// (`cube.rs`), the loss and its softmax in f32. Refused off a GPU.
 pub fn head_cross_entropy_sum(
     x: Tensor<2>,
     head: Tensor<2>,
+    head16: Option<&Tensor<2>>,
     targets: &[usize],
     chunk_rows: usize,
 ) -> Result<Tensor<1>, UnsupportedTensor> {
     let device = x.device();
     #[cfg(feature = "cube")]
     if !is_cpu(&device) && !targets.is_empty() {
-        return cube::head_cross_entropy_sum(x, head, targets, chunk_rows, &device);
+        return cube::head_cross_entropy_sum(x, head, head16, targets, chunk_rows, &device);
+    }
+    if head16.is_some() {
+        return Err(UnsupportedTensor(
+            "the 16-bit head with cross-entropy runs on a GPU (the CPU's bf16 head is bf16_linear)"
+                .into(),
+        ));
     }
     let _ = (chunk_rows, device);
     cross_entropy_sum(x.matmul(head.transpose()), targets)

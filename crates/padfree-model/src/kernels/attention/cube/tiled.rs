@@ -38,8 +38,11 @@
 //!
 //! # Shapes
 //! `q`, `out`, `dq`: `[T, H, D]`; `k`, `v`, `dk`, `dv`: `[T, Hkv, D]`;
-//! `lse`, `delta`: `[T, H]`; `blocks`: `[NB, 3]`; all contiguous f32.
+//! `lse`, `delta`: `[T, H]`; `blocks`: `[NB, 3]`; all contiguous, f32
+//! but for `q`, `k` and `v`, which may be 16-bit (`--bf16` on a GPU:
+//! read as such, widened to f32 as they are staged, every sum in f32).
 
+use burn_backend::cubecl::dtype_to_storage_type;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
@@ -85,11 +88,12 @@ fn query_rows(blocks: &Tensor<f32>) -> (usize, bool, usize, usize) {
 }
 
 /// Copies rows `[tile, tile + key_rows)` (those below `stop`) of head
-/// `head` of `src` (`[T, heads, D]`) into `dst` (`[key_rows, D]`), every
-/// thread of the workgroup taking every `CUBE_DIM_X`-th element.
+/// `head` of `src` (`[T, heads, D]`, f32 or 16-bit) into `dst`
+/// (`[key_rows, D]`, f32), every thread of the workgroup taking every
+/// `CUBE_DIM_X`-th element.
 #[cube]
-fn stage(
-    src: &Tensor<f32>,
+fn stage<F: Float>(
+    src: &Tensor<F>,
     dst: &mut Shared<[f32]>,
     tile: usize,
     stop: usize,
@@ -102,17 +106,17 @@ fn stage(
     while e < key_rows * head_dim {
         let r = tile + e / head_dim;
         if r < stop {
-            dst[e] = src[(r * heads + head) * head_dim + e % head_dim];
+            dst[e] = f32::cast_from(src[(r * heads + head) * head_dim + e % head_dim]);
         }
         e += CUBE_DIM_X as usize;
     }
 }
 
 #[cube(launch)]
-fn forward_kernel(
-    q: &Tensor<f32>,
-    k: &Tensor<f32>,
-    v: &Tensor<f32>,
+fn forward_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
     blocks: &Tensor<f32>,
     out: &mut Tensor<f32>,
     lse: &mut Tensor<f32>,
@@ -121,6 +125,7 @@ fn forward_kernel(
     #[comptime] kv_heads: usize,
     #[comptime] head_dim: usize,
     #[comptime] key_rows: usize,
+    #[define(F)] _dtype: ElemType,
 ) {
     let (t, active, start, stop) = query_rows(blocks);
     let h = CUBE_POS_Z as usize;
@@ -136,7 +141,7 @@ fn forward_kernel(
         acc[d] = 0.0;
         q_row[d] = 0.0;
         if active {
-            q_row[d] = q[q_base + d];
+            q_row[d] = f32::cast_from(q[q_base + d]);
         }
     }
     // Stands for minus infinity: WGSL refuses an infinite constant.
@@ -196,10 +201,10 @@ fn forward_kernel(
 }
 
 #[cube(launch)]
-fn dq_kernel(
-    q: &Tensor<f32>,
-    k: &Tensor<f32>,
-    v: &Tensor<f32>,
+fn dq_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
     blocks: &Tensor<f32>,
     d_out: &Tensor<f32>,
     lse: &Tensor<f32>,
@@ -210,6 +215,7 @@ fn dq_kernel(
     #[comptime] kv_heads: usize,
     #[comptime] head_dim: usize,
     #[comptime] key_rows: usize,
+    #[define(F)] _dtype: ElemType,
 ) {
     let (t, active, start, stop) = query_rows(blocks);
     let h = CUBE_POS_Z as usize;
@@ -233,7 +239,7 @@ fn dq_kernel(
         q_row[d] = 0.0;
         do_row[d] = 0.0;
         if active {
-            q_row[d] = q[q_base + d];
+            q_row[d] = f32::cast_from(q[q_base + d]);
             do_row[d] = d_out[q_base + d];
         }
     }
@@ -275,10 +281,10 @@ fn dq_kernel(
 }
 
 #[cube(launch)]
-fn dkv_kernel(
-    q: &Tensor<f32>,
-    k: &Tensor<f32>,
-    v: &Tensor<f32>,
+fn dkv_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
     blocks: &Tensor<f32>,
     d_out: &Tensor<f32>,
     lse: &Tensor<f32>,
@@ -290,6 +296,7 @@ fn dkv_kernel(
     #[comptime] kv_heads: usize,
     #[comptime] head_dim: usize,
     #[comptime] key_rows: usize,
+    #[define(F)] _dtype: ElemType,
 ) {
     let (first, _start, end) = block_bounds(blocks);
     let hk = CUBE_POS_Z as usize;
@@ -313,8 +320,8 @@ fn dkv_kernel(
         k_row[d] = 0.0;
         v_row[d] = 0.0;
         if active {
-            k_row[d] = k[k_base + d];
-            v_row[d] = v[k_base + d];
+            k_row[d] = f32::cast_from(k[k_base + d]);
+            v_row[d] = f32::cast_from(v[k_base + d]);
         }
     }
     for g in 0..group {
@@ -424,6 +431,7 @@ pub(super) fn forward(
         dims.num_kv_heads,
         dims.head_dim,
         key_rows(q, dims.head_dim),
+        dtype_to_storage_type(q.dtype),
     );
     (out, lse)
 }
@@ -464,6 +472,7 @@ pub(super) fn backward(saved: &Saved, d_out: CubeTensor) -> [CubeTensor; 3] {
         hkv,
         d,
         rows,
+        dtype_to_storage_type(q.dtype),
     );
     let dk = empty_like(q, vec![tokens, hkv, d]);
     let dv = empty_like(q, vec![tokens, hkv, d]);
@@ -486,6 +495,7 @@ pub(super) fn backward(saved: &Saved, d_out: CubeTensor) -> [CubeTensor; 3] {
         hkv,
         d,
         rows,
+        dtype_to_storage_type(q.dtype),
     );
     [dq, dk, dv]
 }

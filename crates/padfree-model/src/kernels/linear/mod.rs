@@ -4,13 +4,15 @@
 //! `dW` not computed at all for a frozen weight (LoRA's base, a frozen
 //! head). burn's matmul computes the same products with the same gemm
 //! kernels, but zeroes and then copies every output first (see
-//! `gemm.rs`); it stays the oracle and the GPU's path.
+//! `gemm.rs`); it stays the oracle and the GPU's f32 path. `cube.rs` is
+//! the GPU's `--bf16` op (16-bit operands on burn's matmul).
 //!
 //! # Shapes
 //! `N` rows, `C` input width, `O` output width.
 
 use std::sync::Arc;
 
+use burn::tensor::FloatDType;
 use half::bf16;
 
 use super::attention::is_cpu;
@@ -18,7 +20,15 @@ use super::bf16::{load, round_in_place, store};
 use super::gemm::{View, product};
 use super::gemm_bf16::{self, View16};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use crate::precision::HalfFloat;
 use crate::tensor::{Tensor, linear};
+
+#[cfg(feature = "cube")]
+mod cube;
+#[cfg(feature = "cube")]
+pub use cube::F16_TARGET;
+#[cfg(feature = "cube")]
+pub(crate) use cube::{HalfGrad, product as half_product, transposed};
 
 /// `x W^T`: `[N, C]`, `[O, C]` -> `[N, O]`, differentiable in both.
 ///
@@ -106,6 +116,44 @@ pub(crate) fn round_tensor(x: Tensor<2>) -> Tensor<2> {
     let rounded = crate::tensor::float_tensor(values, dims, &device);
     // x + (rounded - x) with the difference off the graph.
     x.clone() + (rounded - x.detach())
+}
+
+/// `x W^T` on a GPU under `--bf16` (`cube.rs`): `x` and `dy` cast to the
+/// 16-bit float of `weight16` (`[O, C]`, the weight's copy on the device,
+/// bf16 or f16), products accumulated in f32; `w`'s gradient in f32.
+/// `[N, C]`, `[O, C]` -> `[N, O]`.
+pub fn half_linear(
+    x: Tensor<2>,
+    w: Tensor<2>,
+    weight16: &Tensor<2>,
+) -> Result<Tensor<2>, UnsupportedTensor> {
+    #[cfg(feature = "cube")]
+    return cube::half_linear(x, w, weight16);
+    #[cfg(not(feature = "cube"))]
+    {
+        let _ = (x, w, weight16);
+        Err(UnsupportedTensor(
+            "padfree was built without its GPU kernels (feature `wgpu` or `cuda`)".into(),
+        ))
+    }
+}
+
+/// `x` with its values rounded to `half` (still f32), differentiable as
+/// the identity: the GPU's counterpart of [`round_tensor`], for oracles and
+/// composed paths.
+pub fn round_to_half<const D: usize>(x: Tensor<D>, half: HalfFloat) -> Tensor<D> {
+    let rounded = x.clone().detach().cast(half.dtype()).cast(FloatDType::F32);
+    x.clone() + (rounded - x.detach())
+}
+
+/// The oracle of [`half_linear`]: burn's f32 matmul of the operands
+/// rounded to `half`, the output rounded too in bf16 (as the op's is).
+pub fn composed_half_linear(x: Tensor<2>, w: Tensor<2>, half: HalfFloat) -> Tensor<2> {
+    let y = linear(round_to_half(x, half), &round_to_half(w, half));
+    match half {
+        HalfFloat::Bf16 => round_to_half(y, half),
+        HalfFloat::F16 => y,
+    }
 }
 
 #[derive(Debug, Clone)]
