@@ -418,7 +418,11 @@ fn training(args: &BenchJob) -> String {
         if args.precision == padfree_model::Precision::Bf16 {
             format!(
                 "; bf16 mixed precision (matmuls: {}; HF: bf16=True)",
-                padfree_model::Precision::cpu_matmul_body()
+                if args.device.is_gpu() {
+                    "the GPU's 16-bit matmul: bf16 on CUDA, f16 on WGSL"
+                } else {
+                    padfree_model::Precision::cpu_matmul_body()
+                }
             )
         } else {
             String::new()
