@@ -28,7 +28,11 @@
 # FP32_PEAK_TFLOPS overrides the peak MFU is measured against (default 67,
 # the H200 SXM's dense float32 figure from NVIDIA's data sheet);
 # BF16_PEAK_TFLOPS that of the bf16 rows (default 989, its dense bf16
-# tensor-core figure).
+# tensor-core figure). GPU_BENCH_PARTS picks what runs (default "f32 bf16
+# attention"), GPU_BENCH_MODELS the models (default "smollm2-135m
+# llama-1b") and GPU_BENCH_DEVICES the devices: a device call limited to
+# 10 minutes can run them in turns into the same OUTPUT_DIR (the report
+# is remade from whatever results the directory holds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-.gpu/padfree}
@@ -85,35 +89,42 @@ flash=no
 if python3 -c 'import flash_attn' 2>/dev/null; then flash=yes; fi
 
 devices=${GPU_BENCH_DEVICES:-vulkan cuda}
-for model in smollm2-135m llama-1b; do
+parts=" ${GPU_BENCH_PARTS:-f32 bf16 attention} "
+for model in ${GPU_BENCH_MODELS:-smollm2-135m llama-1b}; do
     peer=(--peer-python python3)
     bf16_peer=(--peer-python python3)
     for device in $devices; do
-        echo "== $model on $device"
-        # HF's rows once per model, with the first device's run.
-        "$bin" bench --device "$device" --config "$out/$model.json" \
-            --modes padded,varlen "${peer[@]}" \
-            --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
-            --output-dir "$out/$model-$device" 2>&1 | tee "$out/$model-$device.log" \
-            || echo "padfree on $device did not run (see $out/$model-$device.log)"
-        if [ -f "$out/$model-$device/bench.json" ]; then
-            peer=()
-            [ -d "$out/$model" ] || ln -s "$model-$device" "$out/$model"
+        if [[ "$parts" == *" f32 "* ]]; then
+            echo "== $model on $device"
+            # HF's rows once per model, with the first device's run.
+            "$bin" bench --device "$device" --config "$out/$model.json" \
+                --modes padded,varlen "${peer[@]}" \
+                --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
+                --output-dir "$out/$model-$device" 2>&1 | tee "$out/$model-$device.log" \
+                || echo "padfree on $device did not run (see $out/$model-$device.log)"
+            if [ -f "$out/$model-$device/bench.json" ]; then
+                peer=()
+                [ -d "$out/$model" ] || ln -s "$model-$device" "$out/$model"
+            fi
         fi
-        echo "== $model on $device, --bf16"
-        "$bin" bench --device "$device" --config "$out/$model.json" --bf16 \
-            --modes varlen "${bf16_peer[@]}" \
-            --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
-            --output-dir "$out/$model-$device-bf16" 2>&1 | tee "$out/$model-$device-bf16.log" \
-            || echo "padfree --bf16 on $device did not run (see $out/$model-$device-bf16.log)"
-        [ -f "$out/$model-$device-bf16/bench.json" ] && bf16_peer=()
-        echo "== $model on $device, the attention alone"
-        "$bin" bench --device "$device" --config "$out/$model.json" --bf16 --attention-alone \
-            --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
-            --output-dir "$out/$model-$device-attention" 2>&1 | tee "$out/$model-$device-attention.log" \
-            || echo "the attention alone on $device did not run (see $out/$model-$device-attention.log)"
+        if [[ "$parts" == *" bf16 "* ]]; then
+            echo "== $model on $device, --bf16"
+            "$bin" bench --device "$device" --config "$out/$model.json" --bf16 \
+                --modes varlen "${bf16_peer[@]}" \
+                --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
+                --output-dir "$out/$model-$device-bf16" 2>&1 | tee "$out/$model-$device-bf16.log" \
+                || echo "padfree --bf16 on $device did not run (see $out/$model-$device-bf16.log)"
+            if [ -f "$out/$model-$device-bf16/bench.json" ]; then bf16_peer=(); fi
+        fi
+        if [[ "$parts" == *" attention "* ]]; then
+            echo "== $model on $device, the attention alone"
+            "$bin" bench --device "$device" --config "$out/$model.json" --bf16 --attention-alone \
+                --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
+                --output-dir "$out/$model-$device-attention" 2>&1 | tee "$out/$model-$device-attention.log" \
+                || echo "the attention alone on $device did not run (see $out/$model-$device-attention.log)"
+        fi
     done
-    if [ "$flash" = yes ]; then
+    if [ "$flash" = yes ] && [ -d "$out/$model/peer" ]; then
         python3 bench/hf_peer/hf_peer.py --peer-dir "$out/$model/peer" --mode flattening \
             --device cuda --attn flash_attention_2 --out "$out/$model/hf-flash.json" \
             2>&1 | tail -3 || echo "flash-attention run failed"
