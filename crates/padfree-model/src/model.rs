@@ -418,10 +418,8 @@ impl LlamaModel {
                 .bf16
                 .as_ref()
                 .and_then(|b| b.get_device(self.head_index()));
-            if self.bf16.is_none() || head16.is_some() {
-                let head = self.head().value.clone();
-                return fused_head_cross_entropy_sum(kept, head, head16, &labels);
-            }
+            let head = self.head().value.clone();
+            return fused_head_cross_entropy_sum(kept, head, head16, &labels);
         }
         fused_cross_entropy_sum(self.head_product(kept)?, &labels)
     }

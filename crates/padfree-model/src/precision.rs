@@ -88,10 +88,7 @@ impl HalfFloat {
 
     /// burn's element type (for the kernels' casts and launches).
     pub fn storage(self) -> DType {
-        match self {
-            Self::Bf16 => DType::BF16,
-            Self::F16 => DType::F16,
-        }
+        self.dtype().into()
     }
 
     /// The 16-bit float of `dtype`, if it is one.

@@ -60,10 +60,14 @@ struct Saved {
     body: Body,
 }
 
+/// A 16-bit input as the per-row kernels read it: f32.
+fn widen(t: &CubeTensor) -> CubeTensor {
+    cast(t.clone(), DType::F32)
+}
+
 impl Saved {
     /// `q`, `k`, `v` as the per-row kernels read them: f32.
     fn widened(&self) -> Self {
-        let widen = |t: &CubeTensor| cast(t.clone(), DType::F32);
         Self {
             q: widen(&self.q),
             k: widen(&self.k),
@@ -133,7 +137,6 @@ impl CubeOp<3> for Attention {
             (Body::Tiled, _) => tiled::forward([&q, &k, &v], &self.table, self.dims, self.scale),
             (Body::PerRow, None) => rows::forward(&q, &k, &v, &self.table, self.dims, self.scale),
             (Body::PerRow, Some(_)) => {
-                let widen = |t: &CubeTensor| cast(t.clone(), DType::F32);
                 let (q, k, v) = (widen(&q), widen(&k), widen(&v));
                 rows::forward(&q, &k, &v, &self.table, self.dims, self.scale)
             }

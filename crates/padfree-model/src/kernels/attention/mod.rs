@@ -125,13 +125,12 @@ pub fn varlen_attention(
     rows: &AttentionRows,
     scale: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
-    let dims = dims_of(&q, &k);
-    if let Some(blocks) = &rows.blocks {
-        return gpu_attention([q, k, v], blocks, GpuBody::Tiled, dims, scale, None);
+    if rows.blocks.is_some() {
+        return gpu_varlen([q, k, v], rows, scale, GpuBody::Tiled, None);
     }
     let op = VarlenAttention {
         cu_seqlens: rows.cu_seqlens.clone(),
-        dims,
+        dims: dims_of(&q, &k),
         scale,
     };
     apply(op, [q, k, v])
@@ -161,8 +160,7 @@ pub fn per_row_varlen_attention(
     if rows.blocks.is_none() {
         return varlen_attention(q, k, v, rows, scale);
     }
-    let (dims, bounds) = (dims_of(&q, &k), rows.row_bounds(&q.device()));
-    gpu_attention([q, k, v], &bounds, GpuBody::PerRow, dims, scale, None)
+    gpu_varlen([q, k, v], rows, scale, GpuBody::PerRow, None)
 }
 
 /// [`varlen_attention`] on a GPU under `--bf16`: `q`, `k`, `v` cast to
@@ -179,17 +177,38 @@ pub fn half_varlen_attention(
     half: HalfFloat,
     per_row: bool,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
-    let dims = dims_of(&q, &k);
+    let body = if per_row {
+        GpuBody::PerRow
+    } else {
+        GpuBody::Tiled
+    };
+    gpu_varlen([q, k, v], rows, scale, body, Some(half))
+}
+
+/// The CubeCL op by `body` over its table (the batch's block table for the
+/// tiled kernels, the row bounds made now for the per-row oracle), in
+/// `half` when given; refused on the CPU (whose `rows` have no blocks).
+fn gpu_varlen(
+    [q, k, v]: [Tensor<3>; 3],
+    rows: &AttentionRows,
+    scale: f32,
+    body: GpuBody,
+    half: Option<HalfFloat>,
+) -> Result<Tensor<3>, UnsupportedTensor> {
     let Some(blocks) = &rows.blocks else {
         return Err(UnsupportedTensor(
-            "16-bit attention runs on a GPU (the CPU's is bf16_varlen_attention)".into(),
+            "the CubeCL attention runs on a GPU (the CPU's 16-bit attention is bf16_varlen_attention)"
+                .into(),
         ));
     };
-    if per_row {
-        let bounds = rows.row_bounds(&q.device());
-        return gpu_attention([q, k, v], &bounds, GpuBody::PerRow, dims, scale, Some(half));
+    let dims = dims_of(&q, &k);
+    match body {
+        GpuBody::Tiled => gpu_attention([q, k, v], blocks, body, dims, scale, half),
+        GpuBody::PerRow => {
+            let bounds = rows.row_bounds(&q.device());
+            gpu_attention([q, k, v], &bounds, body, dims, scale, half)
+        }
     }
-    gpu_attention([q, k, v], blocks, GpuBody::Tiled, dims, scale, Some(half))
 }
 
 #[cfg(feature = "cube")]

@@ -25,7 +25,7 @@ use crate::kernels::cube_op::{
     workgroup_max, workgroup_sum,
 };
 use crate::kernels::host_op::UnsupportedTensor;
-use crate::kernels::linear::{HalfGrad, half_product, transposed};
+use crate::kernels::linear::{HalfGrad, half_copy, half_product, transposed};
 use crate::precision::HalfFloat;
 use crate::tensor::{Device, float_tensor};
 use burn_backend::ops::FloatTensorOps;
@@ -136,18 +136,7 @@ pub(super) fn head_cross_entropy_sum(
     device: &Device,
 ) -> Result<BurnTensor<1>, UnsupportedTensor> {
     let targets = targets_tensor(targets, device)?;
-    let head16 = match head16 {
-        Some(copy) => {
-            let half = HalfFloat::of(copy.dtype()).ok_or_else(|| {
-                UnsupportedTensor(format!(
-                    "a 16-bit head was expected, not {:?}",
-                    copy.dtype()
-                ))
-            })?;
-            Some((contiguous_primitive(copy)?, half))
-        }
-        None => None,
-    };
+    let head16 = head16.map(half_copy).transpose()?;
     let op = HeadCrossEntropy {
         targets,
         chunk_rows: chunk_rows.max(1),

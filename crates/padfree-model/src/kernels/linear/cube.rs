@@ -38,7 +38,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
 
-use crate::kernels::cube_op::{CubeOp, apply, empty_like};
+use crate::kernels::cube_op::{CubeOp, apply, contiguous_primitive, empty_like};
 use crate::kernels::host_op::UnsupportedTensor;
 use crate::precision::HalfFloat;
 use crate::tensor::Tensor as ModelTensor;
@@ -106,18 +106,22 @@ pub(crate) fn half_linear(
     w: ModelTensor<2>,
     weight16: &ModelTensor<2>,
 ) -> Result<ModelTensor<2>, UnsupportedTensor> {
-    let half = HalfFloat::of(weight16.dtype()).ok_or_else(|| {
+    let (w16, half) = half_copy(weight16)?;
+    apply(&HalfLinear { w16, half }, [x, w])
+}
+
+/// A weight's 16-bit copy (off the graph) as the kernels read it, and its
+/// float; anything else is refused.
+pub(crate) fn half_copy(
+    copy: &ModelTensor<2>,
+) -> Result<(CubeTensor, HalfFloat), UnsupportedTensor> {
+    let half = HalfFloat::of(copy.dtype()).ok_or_else(|| {
         UnsupportedTensor(format!(
             "a 16-bit weight copy was expected, not {:?}",
-            weight16.dtype()
+            copy.dtype()
         ))
     })?;
-    let w16 = weight16
-        .clone()
-        .inner()
-        .try_into_primitive::<CubeBackend>()
-        .map_err(|err| UnsupportedTensor(format!("{err:?}")))?;
-    apply(&HalfLinear { w16, half }, [x, w])
+    Ok((contiguous_primitive(copy)?, half))
 }
 
 /// The op: the weight's 16-bit copy and its float.

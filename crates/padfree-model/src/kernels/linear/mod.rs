@@ -28,7 +28,7 @@ mod cube;
 #[cfg(feature = "cube")]
 pub use cube::F16_TARGET;
 #[cfg(feature = "cube")]
-pub(crate) use cube::{HalfGrad, product as half_product, transposed};
+pub(crate) use cube::{HalfGrad, half_copy, product as half_product, transposed};
 
 /// `x W^T`: `[N, C]`, `[O, C]` -> `[N, O]`, differentiable in both.
 ///
