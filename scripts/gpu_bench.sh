@@ -7,11 +7,14 @@
 # float32, as padfree; flash-attention 2 in bfloat16 where `flash_attn` is
 # installed, since it has no float32). Then the same padding-free rows
 # with --bf16 (bf16 on CUDA, f16 on Vulkan's WGSL), HF with bf16=True
-# beside them, and the varlen attention alone (`padfree bench
+# beside them, and flattened with PyTorch's own FlashAttention-2 varlen
+# kernel (`--attn torch_varlen`, torch >= 2.10) where `flash_attn` is not
+# installed, and the varlen attention alone (`padfree bench
 # --attention-alone`: the tiled kernels against the per-row ones they
-# replaced, and on 16-bit inputs). Prints real tokens/s, device memory and
-# MFU against the GPU's float32 peak (bf16 rows: its bf16 peak), and writes
-# $out/gpu-bench.md.
+# replaced, and on 16-bit inputs). First of all, `padfree check` on each
+# device, f32 and --bf16 (padded = padding-free = one at a time on the
+# device). Prints real tokens/s, device memory and MFU against the GPU's
+# float32 peak (bf16 rows: its bf16 peak), and writes $out/gpu-bench.md.
 #
 # Needs nothing built on the GPU machine: a padfree built elsewhere with
 #   cargo build --release --locked --features wgpu,cuda && strip target/release/padfree
@@ -28,24 +31,58 @@
 # FP32_PEAK_TFLOPS overrides the peak MFU is measured against (default 67,
 # the H200 SXM's dense float32 figure from NVIDIA's data sheet);
 # BF16_PEAK_TFLOPS that of the bf16 rows (default 989, its dense bf16
-# tensor-core figure). GPU_BENCH_PARTS picks what runs (default "f32 bf16
-# attention"), GPU_BENCH_MODELS the models (default "smollm2-135m
-# llama-1b") and GPU_BENCH_DEVICES the devices: a device call limited to
-# 10 minutes can run them in turns into the same OUTPUT_DIR (the report
-# is remade from whatever results the directory holds).
-set -euo pipefail
+# tensor-core figure). GPU_BENCH_PARTS picks what runs (default "check f32
+# bf16 attention"), GPU_BENCH_MODELS the models (default "smollm2-135m
+# llama-1b") and GPU_BENCH_DEVICES the devices (default "cuda vulkan"); the
+# order is model by model, each on every device in turn. GPU_BENCH_BATCH is
+# the batch (default 16), GPU_BENCH_STEPS / GPU_BENCH_WARMUP the timed and
+# untimed steps (10, 3). GPU_BENCH_SECONDS (default: none) is the time the
+# whole run may take: each command runs under `timeout` with what is left
+# (and at most GPU_BENCH_CAP seconds, default 240), and a command that
+# would start with under 20 s left is skipped and said, so a device call
+# of at most 10 minutes ends with its report. Runs in turns into the same
+# OUTPUT_DIR add up (the report is remade from whatever results the
+# directory holds). Every command's output is in OUTPUT_DIR/*.log.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-.gpu/padfree}
 out=${2:-runs/gpu-bench-$(date +%Y%m%d-%H%M%S)}
 peak=${FP32_PEAK_TFLOPS:-67}
 bf16_peak=${BF16_PEAK_TFLOPS:-989}
-steps=${GPU_BENCH_STEPS:-6}
-warmup=${GPU_BENCH_WARMUP:-2}
+steps=${GPU_BENCH_STEPS:-10}
+warmup=${GPU_BENCH_WARMUP:-3}
+batch=${GPU_BENCH_BATCH:-16}
+budget=${GPU_BENCH_SECONDS:-0}
+cap=${GPU_BENCH_CAP:-240}
+started=$SECONDS
 mkdir -p "$out"
 if [ ! -x "$bin" ] && [ -f "$bin.gz" ]; then
     gzip -dc "$bin.gz" >"$bin"
     chmod +x "$bin"
 fi
+
+# step NAME LOG COMMAND...: runs COMMAND with its output in LOG (its last
+# lines echoed), under `timeout` with what is left of GPU_BENCH_SECONDS;
+# fails without running when too little is left.
+step() {
+    local name=$1 log=$2 limit=$cap rc
+    shift 2
+    if [ "$budget" -gt 0 ]; then
+        local left=$((budget - (SECONDS - started)))
+        if [ "$left" -lt 20 ]; then
+            echo "skipped: $name (${left} s left of GPU_BENCH_SECONDS=$budget)" | tee -a "$out/skipped.txt"
+            return 1
+        fi
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
+    echo "== $name (at $((SECONDS - started)) s, at most $limit s)"
+    timeout -k 5 "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    tail -n 12 "$log"
+    [ "$rc" -eq 124 ] && echo "timed out after $limit s: $name" | tee -a "$out/skipped.txt"
+    [ "$rc" -ne 0 ] && echo "failed ($rc): $name (see $log)"
+    return "$rc"
+}
 
 if [ -d .gl ] && ! ldconfig -p | grep -q libvulkan; then
     for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -55,18 +92,38 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nv
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
 # padfree's CUDA build compiles its kernels with NVRTC at run time, which
-# needs libnvrtc and CUDA's headers: without a CUDA toolkit, take those of
-# the CUDA wheels PyTorch installed (nvidia-cuda-nvrtc, nvidia-cuda-runtime).
-if [ -z "${CUDA_PATH:-}" ] && [ ! -d /usr/local/cuda ]; then
-    nvidia=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
-    if [ -n "$nvidia" ] && [ -d "$nvidia/cuda_runtime/include" ]; then
-        export CUDA_PATH="$nvidia/cuda_runtime"
-        export LD_LIBRARY_PATH="$nvidia/cuda_nvrtc/lib:$nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
-    fi
+# needs libnvrtc on the library path and CUDA's headers under
+# $CUDA_PATH/include: a toolkit's (/usr/local/cuda), else those of the CUDA
+# wheels PyTorch installed (nvidia-cuda-nvrtc and nvidia-cuda-runtime:
+# nvidia/cuda_nvrtc/lib in CUDA 12's layout, nvidia/cu13/lib in 13's).
+nvidia=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
+if [ -z "${CUDA_PATH:-}" ]; then
+    for dir in /usr/local/cuda "$nvidia/cu13" "$nvidia/cuda_runtime"; do
+        if [ -f "$dir/include/cuda_runtime.h" ] || [ -f "$dir/include/cuda.h" ]; then
+            export CUDA_PATH=$dir
+            break
+        fi
+    done
 fi
-echo "CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" || true
-"$bin" --version
+if ! ldconfig -p | grep -q 'libnvrtc\.so'; then
+    for lib in "${CUDA_PATH:-/usr/local/cuda}"/lib64 "${CUDA_PATH:-/usr/local/cuda}"/targets/x86_64-linux/lib \
+        "$nvidia/cu13/lib" "$nvidia/cuda_nvrtc/lib"; do
+        if ls "$lib"/libnvrtc.so* >/dev/null 2>&1; then
+            export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
+            break
+        fi
+    done
+fi
+{
+    echo "CUDA_PATH=${CUDA_PATH:-unset} LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+    ldconfig -p | grep -E 'libcuda\.so|libnvrtc|libvulkan' || true
+    first_lib=${LD_LIBRARY_PATH:-}; ls "${first_lib%%:*}" 2>/dev/null | grep -E 'nvrtc' || true
+    python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())' 2>&1 | tail -1
+    "$bin" --version
+    lscpu | grep -E 'Model name|^CPU\(s\)'
+} 2>&1 | tee "$out/env.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/gpu.txt" 2>/dev/null || true
 
 cat >"$out/smollm2-135m.json" <<'JSON'
 {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
@@ -87,62 +144,99 @@ JSON
 
 flash=no
 if python3 -c 'import flash_attn' 2>/dev/null; then flash=yes; fi
+varlen=no
+if python3 -c 'import torch.nn.attention.varlen' 2>/dev/null; then varlen=yes; fi
+echo "flash_attn installed: $flash; torch.nn.attention.varlen: $varlen"
 
-devices=${GPU_BENCH_DEVICES:-vulkan cuda}
-parts=" ${GPU_BENCH_PARTS:-f32 bf16 attention} "
+devices=${GPU_BENCH_DEVICES:-cuda vulkan}
+parts=" ${GPU_BENCH_PARTS:-check f32 bf16 attention} "
+if [[ "$parts" == *" check "* ]]; then
+    # Padded = padding-free = one example at a time, logits, loss and every
+    # gradient, on the device itself (the tiny preset: seconds of work).
+    for device in $devices; do
+        for precision in f32 bf16; do
+            flag=()
+            [ "$precision" = bf16 ] && flag=(--bf16)
+            step "padfree check on $device, $precision" "$out/check-$device-$precision.log" \
+                "$bin" check --device "$device" --config tiny --batches 2 "${flag[@]}" \
+                --output-dir "$out/check-$device-$precision"
+            echo "$device $precision $?" >>"$out/checks.txt"
+        done
+    done
+fi
+common=(--per-device-train-batch-size "$batch" --max-steps "$steps" --timing-warmup-steps "$warmup")
 for model in ${GPU_BENCH_MODELS:-smollm2-135m llama-1b}; do
     peer=(--peer-python python3)
     bf16_peer=(--peer-python python3)
     for device in $devices; do
         if [[ "$parts" == *" f32 "* ]]; then
-            echo "== $model on $device"
             # HF's rows once per model, with the first device's run.
-            "$bin" bench --device "$device" --config "$out/$model.json" \
-                --modes padded,varlen "${peer[@]}" \
-                --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
-                --output-dir "$out/$model-$device" 2>&1 | tee "$out/$model-$device.log" \
-                || echo "padfree on $device did not run (see $out/$model-$device.log)"
-            if [ -f "$out/$model-$device/bench.json" ]; then
+            if step "$model on $device" "$out/$model-$device.log" \
+                "$bin" bench --device "$device" --config "$out/$model.json" \
+                --modes padded,varlen "${peer[@]}" "${common[@]}" --output-dir "$out/$model-$device" \
+                && [ -f "$out/$model-$device/bench.json" ]; then
                 peer=()
-                [ -d "$out/$model" ] || ln -s "$model-$device" "$out/$model"
+                [ -e "$out/$model" ] || ln -s "$model-$device" "$out/$model"
             fi
         fi
         if [[ "$parts" == *" bf16 "* ]]; then
-            echo "== $model on $device, --bf16"
-            "$bin" bench --device "$device" --config "$out/$model.json" --bf16 \
-                --modes varlen "${bf16_peer[@]}" \
-                --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
-                --output-dir "$out/$model-$device-bf16" 2>&1 | tee "$out/$model-$device-bf16.log" \
-                || echo "padfree --bf16 on $device did not run (see $out/$model-$device-bf16.log)"
-            if [ -f "$out/$model-$device-bf16/bench.json" ]; then bf16_peer=(); fi
+            if step "$model on $device, --bf16" "$out/$model-$device-bf16.log" \
+                "$bin" bench --device "$device" --config "$out/$model.json" --bf16 \
+                --modes varlen "${bf16_peer[@]}" "${common[@]}" --output-dir "$out/$model-$device-bf16" \
+                && [ -f "$out/$model-$device-bf16/bench.json" ] && [ ${#bf16_peer[@]} -gt 0 ]; then
+                bf16_peer=()
+                if [ "$varlen" = yes ] && [ -d "$out/$model-$device-bf16/peer" ]; then
+                    step "$model: HF bf16=True, flattened, PyTorch's FlashAttention-2 varlen" \
+                        "$out/$model-hf-torch-varlen.log" \
+                        python3 bench/hf_peer/hf_peer.py --peer-dir "$out/$model-$device-bf16/peer" \
+                        --mode flattening --device cuda --attn torch_varlen --bf16 \
+                        --out "$out/$model-hf-torch-varlen.json"
+                fi
+            fi
         fi
         if [[ "$parts" == *" attention "* ]]; then
-            echo "== $model on $device, the attention alone"
-            "$bin" bench --device "$device" --config "$out/$model.json" --bf16 --attention-alone \
-                --per-device-train-batch-size 8 --max-steps "$steps" --timing-warmup-steps "$warmup" \
-                --output-dir "$out/$model-$device-attention" 2>&1 | tee "$out/$model-$device-attention.log" \
-                || echo "the attention alone on $device did not run (see $out/$model-$device-attention.log)"
+            step "$model on $device, the attention alone" "$out/$model-$device-attention.log" \
+                "$bin" bench --device "$device" --config "$out/$model.json" --bf16 --attention-alone \
+                "${common[@]}" --output-dir "$out/$model-$device-attention"
         fi
     done
     if [ "$flash" = yes ] && [ -d "$out/$model/peer" ]; then
-        python3 bench/hf_peer/hf_peer.py --peer-dir "$out/$model/peer" --mode flattening \
-            --device cuda --attn flash_attention_2 --out "$out/$model/hf-flash.json" \
-            2>&1 | tail -3 || echo "flash-attention run failed"
+        step "$model: HF flash-attention 2" "$out/$model-hf-flash.log" \
+            python3 bench/hf_peer/hf_peer.py --peer-dir "$out/$model/peer" --mode flattening \
+            --device cuda --attn flash_attention_2 --out "$out/$model/hf-flash.json"
     fi
 done
 
-python3 - "$out" "$peak" "$flash" "$bf16_peak" <<'PY'
+python3 - "$out" "$peak" "$flash" "$bf16_peak" "$devices" <<'PY'
 import json, os, sys
 out, peak, flash = sys.argv[1], float(sys.argv[2]) * 1e12, sys.argv[3]
-bf16_peak = float(sys.argv[4]) * 1e12
-lines = [f"# padfree on a GPU ({open(os.path.join(out, 'gpu.txt')).read().strip() or 'GPU unknown'})", "",
-         f"MFU against {peak / 1e12:.0f} TFLOP/s (float32 peak), bf16 rows against {bf16_peak / 1e12:.0f} (bf16 peak). Flash-attention 2 installed: {flash}.", "",
-         "| model | mode | real tokens/s | padded tokens | device memory | MFU | final loss |",
-         "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+bf16_peak, devices = float(sys.argv[4]) * 1e12, sys.argv[5].split()
+gpu = open(os.path.join(out, "gpu.txt")).read().strip() if os.path.exists(os.path.join(out, "gpu.txt")) else ""
+lines = [f"# padfree on a GPU ({gpu or 'GPU unknown'})", "",
+         f"MFU against {peak / 1e12:.0f} TFLOP/s (float32 peak), bf16 rows against {bf16_peak / 1e12:.0f} (bf16 peak). Flash-attention 2 installed: {flash}.", ""]
+checks = []
+for device in devices:
+    for precision in ["f32", "bf16"]:
+        log = os.path.join(out, f"check-{device}-{precision}.log")
+        if not os.path.exists(log):
+            continue
+        text = open(log, errors="replace").read().splitlines()
+        verdict = next((l for l in reversed(text) if l.startswith("packing check")), None)
+        worst = [l.split() for l in text if l.strip().startswith("gradients: one-at-a-time")]
+        rel = max((float(w[4]) for w in worst), default=None)
+        checks.append(f"| {device} | {precision} | {verdict or (text[-1] if text else 'no output')} | "
+                      f"{'-' if rel is None else f'{rel:.2e}'} |")
+if checks:
+    lines += ["## `padfree check` on the device (tiny preset, 2 micro-batches)", "",
+              "| device | precision | verdict | largest relative gradient difference, one at a time vs padding-free |",
+              "| --- | --- | --- | ---: |"] + checks + [""]
+lines += ["## Training (real tokens/s over the timed steps)", "",
+          "| model | mode | real tokens/s | padded tokens | device memory | MFU | final loss |",
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
 attention = []
 for model in ["smollm2-135m", "llama-1b"]:
     rows = []
-    for device in os.environ.get("GPU_BENCH_DEVICES", "vulkan cuda").split():
+    for device in devices:
         for suffix, tag in [("", ""), ("-bf16", ", bf16")]:
             path = os.path.join(out, f"{model}-{device}{suffix}", "bench.json")
             if not os.path.exists(path):
@@ -160,9 +254,12 @@ for model in ["smollm2-135m", "llama-1b"]:
             a = json.load(open(path))
             for t in a["timings"]:
                 attention.append(f"| {model} | {device} | {t['kernel']} | {a['tokens_per_call']:.0f} | {t['ms_per_call']:.3f} | {t['ms_per_step']:.1f} | {t['gflops']:.1f} |")
-    flash_path = os.path.join(out, model, "hf-flash.json")
-    if os.path.exists(flash_path):
-        rows.append(json.load(open(flash_path)))
+    for extra, bf16 in [(os.path.join(out, model, "hf-flash.json"), True),
+                        (os.path.join(out, f"{model}-hf-torch-varlen.json"), True)]:
+        if os.path.exists(extra):
+            r = json.load(open(extra))
+            r["bf16"] = bf16
+            rows.append(r)
     flops = next((r["model_flops"] for r in rows if r.get("model_flops")), None)
     for r in rows:
         p = bf16_peak if r.get("bf16") else peak
@@ -177,6 +274,9 @@ lines += ["", "Device memory: padfree rows, the most its GPU runtime's pools hel
 lines += ["", "## The varlen attention alone (one layer's forward and backward a call)", "",
           "| model | device | kernel | tokens a call | ms a call | ms a step (all layers) | GFLOP/s |",
           "| --- | --- | --- | ---: | ---: | ---: | ---: |"] + (attention or ["| no result | | | | | | |"])
+skipped = os.path.join(out, "skipped.txt")
+if os.path.exists(skipped):
+    lines += ["", "## Skipped or timed out", ""] + [f"- {l}" for l in open(skipped).read().splitlines()]
 text = "\n".join(lines) + "\n"
 open(os.path.join(out, "gpu-bench.md"), "w").write(text)
 print(text)

@@ -66,6 +66,50 @@ class StepClock(TrainerCallback):
         self.times.append(time.perf_counter())
 
 
+def register_torch_varlen():
+    """PyTorch's own FlashAttention-2 varlen kernel (`torch.nn.attention.varlen`,
+    torch >= 2.10, CUDA, 16-bit inputs) as an HF attention named `torch_varlen`:
+    the flash-attention 2 peer where the `flash_attn` package is not installed.
+    It reads the flattening collator's `cu_seq_lens_q` / `max_length_q`
+    (computed once per batch, as padfree's), or else finds the boundaries
+    where `position_ids` restart."""
+    import inspect
+    from torch.nn.attention.varlen import varlen_attn
+    from transformers import AttentionInterface
+    params = inspect.signature(varlen_attn).parameters
+    # torch 2.10 took is_causal; later releases a flash-attn window, (-1, 0) being causal.
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        # query [1, H, T, D], key and value [1, Hkv, T, D]: one flattened row.
+        if query.shape[0] != 1:
+            raise SystemExit("torch_varlen needs the flattening collator's one row per batch")
+        cu, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+        if cu is None:
+            positions = kwargs["position_ids"][0]
+            starts = torch.nonzero(positions == 0).flatten()
+            cu = torch.cat([starts, starts.new_tensor([positions.numel()])]).to(torch.int32)
+            longest = int((cu[1:] - cu[:-1]).max())
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
+        # Grouped keys and values go in as they are: FlashAttention-2's varlen
+        # kernel (what varlen_attn calls) takes fewer key/value heads than
+        # query heads; releases that say so in the API take enable_gqa.
+        extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] and "enable_gqa" in params else {}
+        if scaling is not None and "scale" in params:
+            extra["scale"] = scaling
+        out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest,
+                          **causal, **extra)
+        return out.unsqueeze(0), None  # [1, T, H, D], as HF's attentions return
+
+    AttentionInterface.register("torch_varlen", attention)
+    try:
+        # No [T, T] mask for a kernel that takes the boundaries instead.
+        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+        AttentionMaskInterface.register("torch_varlen", flash_attention_mask)
+    except ImportError:
+        pass
+
+
 def versions():
     found = {"torch": torch.__version__, "transformers": transformers.__version__}
     try:
@@ -83,7 +127,9 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda when padfree ran on a GPU")
     parser.add_argument("--attn", default="sdpa",
-                        help="sdpa (float32, as padfree), or flash_attention_2 (bfloat16: flash-attn has no float32)")
+                        help="sdpa (float32, as padfree), flash_attention_2 (bfloat16: flash-attn has no "
+                             "float32), or torch_varlen (PyTorch's own FlashAttention-2 varlen kernel, CUDA, "
+                             "with --bf16 and --mode flattening)")
     parser.add_argument("--bf16", action="store_true",
                         help="TrainingArguments(bf16=True): autocast to bfloat16 over f32 master weights, as padfree --bf16")
     args = parser.parse_args()
@@ -98,6 +144,10 @@ def main():
     torch.set_num_threads(settings["threads"])
     torch.manual_seed(settings["seed"])
 
+    if args.attn == "torch_varlen":
+        if not (args.bf16 and args.mode == "flattening" and on_gpu):
+            raise SystemExit("--attn torch_varlen needs --bf16 --mode flattening --device cuda")
+        register_torch_varlen()
     dtype = torch.bfloat16 if args.attn == "flash_attention_2" else torch.float32
     model = LlamaForCausalLM.from_pretrained(os.path.join(args.peer_dir, "model"), dtype=dtype,
                                              attn_implementation=args.attn)
@@ -124,7 +174,8 @@ def main():
             remove_unused_columns=False, optim="adamw_torch", disable_tqdm=True,
             bf16=args.bf16,
         )
-        collator = pad_collator if args.mode == "padded" else DataCollatorWithFlattening(return_tensors="pt")
+        collator = pad_collator if args.mode == "padded" else DataCollatorWithFlattening(
+            return_tensors="pt", return_flash_attn_kwargs=args.attn == "torch_varlen")
         clock = StepClock()
         trainer = InOrder(model=model, args=training_args, train_dataset=Examples(examples),
                           data_collator=collator, callbacks=[clock])
