@@ -36,11 +36,15 @@
 # llama-1b") and GPU_BENCH_DEVICES the devices (default "cuda vulkan"); the
 # order is model by model, each on every device in turn. GPU_BENCH_BATCH is
 # the batch (default 16), GPU_BENCH_STEPS / GPU_BENCH_WARMUP the timed and
-# untimed steps (10, 3). GPU_BENCH_SECONDS (default: none) is the time the
+# untimed steps (15, 5: on CUDA each kernel's first use compiles it through
+# NVRTC, 0.3-1.5 s, and some kernels are compiled per shape, so the first
+# steps are slow). GPU_BENCH_SECONDS (default: none) is the time the
 # whole run may take: each command runs under `timeout` with what is left
 # (and at most GPU_BENCH_CAP seconds, default 240), and a command that
 # would start with under 20 s left is skipped and said, so a device call
-# of at most 10 minutes ends with its report. Runs in turns into the same
+# of at most 10 minutes ends with its report. GPU_BENCH_CHECK_DEVICES and
+# GPU_BENCH_CHECK_BATCHES narrow the checks (default: every device, 2
+# micro-batches). Runs in turns into the same
 # OUTPUT_DIR add up (the report is remade from whatever results the
 # directory holds). Every command's output is in OUTPUT_DIR/*.log.
 set -uo pipefail
@@ -49,8 +53,8 @@ bin=${1:-.gpu/padfree}
 out=${2:-runs/gpu-bench-$(date +%Y%m%d-%H%M%S)}
 peak=${FP32_PEAK_TFLOPS:-67}
 bf16_peak=${BF16_PEAK_TFLOPS:-989}
-steps=${GPU_BENCH_STEPS:-10}
-warmup=${GPU_BENCH_WARMUP:-3}
+steps=${GPU_BENCH_STEPS:-15}
+warmup=${GPU_BENCH_WARMUP:-5}
 batch=${GPU_BENCH_BATCH:-16}
 budget=${GPU_BENCH_SECONDS:-0}
 cap=${GPU_BENCH_CAP:-240}
@@ -153,12 +157,12 @@ parts=" ${GPU_BENCH_PARTS:-check f32 bf16 attention} "
 if [[ "$parts" == *" check "* ]]; then
     # Padded = padding-free = one example at a time, logits, loss and every
     # gradient, on the device itself (the tiny preset: seconds of work).
-    for device in $devices; do
+    for device in ${GPU_BENCH_CHECK_DEVICES:-$devices}; do
         for precision in f32 bf16; do
             flag=()
             [ "$precision" = bf16 ] && flag=(--bf16)
             step "padfree check on $device, $precision" "$out/check-$device-$precision.log" \
-                "$bin" check --device "$device" --config tiny --batches 2 "${flag[@]}" \
+                "$bin" check --device "$device" --config tiny --batches "${GPU_BENCH_CHECK_BATCHES:-2}" "${flag[@]}" \
                 --output-dir "$out/check-$device-$precision"
             echo "$device $precision $?" >>"$out/checks.txt"
         done

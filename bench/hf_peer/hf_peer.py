@@ -9,6 +9,10 @@ comparison; bench/hf_peer/setup.sh makes a virtual environment for it. With
 `padfree bench --use-peft` the peer wraps the model in PEFT's `PeftModel`,
 loaded from the adapter files padfree exported (`settings.json`'s
 `adapter`), so both train the same adapters from the same start.
+`--attn torch_varlen` (with `--bf16 --mode flattening` on CUDA) runs the
+flattened rows through PyTorch's own FlashAttention-2 varlen kernel where
+the `flash_attn` package is missing; check_torch_varlen.py checks its glue
+on a CPU.
 """
 
 import argparse
@@ -90,7 +94,12 @@ def register_torch_varlen():
             starts = torch.nonzero(positions == 0).flatten()
             cu = torch.cat([starts, starts.new_tensor([positions.numel()])]).to(torch.int32)
             longest = int((cu[1:] - cu[:-1]).max())
-        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
+        # Under autocast, RoPE's f32 cos/sin promote q and k back to f32 while v
+        # stays 16-bit; the kernel takes 16-bit only, so all three go to the
+        # autocast dtype, as HF's flash-attention integration casts them.
+        device = query.device.type
+        half = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.bfloat16
+        q, k, v = (t[0].transpose(0, 1).to(half) for t in (query, key, value))  # [T, H, D]
         # Grouped keys and values go in as they are: FlashAttention-2's varlen
         # kernel (what varlen_attn calls) takes fewer key/value heads than
         # query heads; releases that say so in the API take enable_gqa.
@@ -211,6 +220,7 @@ def main():
         "dtype": str(dtype) + (" with bf16 autocast" if args.bf16 else ""),
         "final_loss": losses[-1],
         "step_losses": losses,
+        "step_seconds": [b - a for a, b in zip([start] + clock.times[:-1], clock.times)],
         "versions": versions(),
     }
     with open(args.out, "w") as f:

@@ -517,6 +517,26 @@ fn bench_runs_every_mode_on_the_same_batches_and_writes_the_report() {
         "the padded run fed pads"
     );
     assert_eq!(field(varlen, "fed_tokens"), field(varlen, "real_tokens"));
+    // Every step's wall time, the warm-up's too, and the timed ones sum to
+    // the runtime.
+    for run in runs {
+        let seconds: Vec<f64> = run["step_seconds"]
+            .as_array()
+            .expect("step_seconds")
+            .iter()
+            .map(|s| s.as_f64().expect("seconds"))
+            .collect();
+        assert_eq!(
+            seconds.len(),
+            run["step_losses"].as_array().expect("losses").len()
+        );
+        assert!(seconds.iter().all(|&s| s > 0.0), "{seconds:?}");
+        let timed: f64 = seconds
+            [seconds.len() - run["timed_steps"].as_u64().expect("steps") as usize..]
+            .iter()
+            .sum();
+        assert!((timed - field(run, "train_runtime")).abs() < 1e-9, "{run}");
+    }
     let losses = |r: &serde_json::Value| -> Vec<f64> {
         r["step_losses"]
             .as_array()
@@ -1132,4 +1152,5 @@ fn bench_times_the_attention_alone() {
     }
     let md = std::fs::read_to_string(out.join("attention.md")).expect("markdown");
     assert!(md.contains("| per-row f32 | 2 |"), "{md}");
+    assert!(md.contains("untimed pass"), "{md}");
 }

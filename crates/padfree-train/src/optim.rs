@@ -1,5 +1,6 @@
 use std::ops::Range;
 
+use padfree_model::kernels::{AdamWStep, adamw_update};
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, float_tensor};
 use rayon::prelude::*;
 
@@ -316,9 +317,9 @@ impl AdamW {
 }
 
 /// AdamW's values and moments on a GPU, so a step reads nothing back to the
-/// host: the same formula as [`Update::apply`] in burn tensor ops (f32 on
-/// the device; its rounding is the device's, not bit-identical to the host
-/// loop). The host [`AdamW`] keeps the step count and hyperparameters and is
+/// host: the same formula as [`Update::apply`], one fused kernel launch a
+/// parameter (`padfree_model::kernels::adamw_update`; f32 on the device,
+/// its rounding the device's, not bit-identical to the host loop). The host [`AdamW`] keeps the step count and hyperparameters and is
 /// brought up to date from here before a checkpoint is written.
 #[derive(Debug, Clone)]
 pub(crate) struct DeviceAdamW {
@@ -372,31 +373,40 @@ impl AdamW {
         self.step += 1;
         let bias_correction1 = 1.0 - self.beta1.powi(self.step as i32);
         let bias_correction2 = 1.0 - self.beta2.powi(self.step as i32);
-        let step_size = f64::from((lr / bias_correction1) as f32);
-        let bias_correction2_sqrt = f64::from(bias_correction2.sqrt() as f32);
+        // Each scalar rounded to f32 once, from the f32 hyperparameters.
         let (beta1, beta2) = (f64::from(self.beta1 as f32), f64::from(self.beta2 as f32));
-        let eps = f64::from(self.epsilon as f32);
-        let decay_factor = f64::from((1.0 - lr * self.weight_decay) as f32);
+        let decays = AdamWStep {
+            grad_scale,
+            decay: (1.0 - lr * self.weight_decay) as f32,
+            one_minus_beta1: (1.0 - beta1) as f32,
+            beta2: beta2 as f32,
+            one_minus_beta2: (1.0 - beta2) as f32,
+            bias_correction2_sqrt: bias_correction2.sqrt() as f32,
+            eps: self.epsilon as f32,
+            step_size: (lr / bias_correction1) as f32,
+        };
+        let keeps = AdamWStep {
+            decay: 1.0,
+            ..decays
+        };
         for (i, grad) in grads.iter().enumerate() {
-            let decay = if self.groups[i].decays {
-                decay_factor
+            let step = if self.groups[i].decays {
+                &decays
             } else {
-                1.0
+                &keeps
             };
-            let g = grad.clone().mul_scalar(f64::from(grad_scale));
-            let p = state.values[i].clone().mul_scalar(decay);
-            let m = state.exp_avg[i].clone();
-            let m = m.clone() + (g.clone() - m).mul_scalar(1.0 - beta1);
-            let v = state.exp_avg_sq[i].clone().mul_scalar(beta2)
-                + (g.clone() * g).mul_scalar(1.0 - beta2);
-            let denom = v
-                .clone()
-                .sqrt()
-                .div_scalar(bias_correction2_sqrt)
-                .add_scalar(eps);
-            state.values[i] = p - (m.clone() / denom).mul_scalar(step_size);
-            state.exp_avg[i] = m;
-            state.exp_avg_sq[i] = v;
+            let [values, exp_avg, exp_avg_sq] = adamw_update(
+                [
+                    state.values[i].clone(),
+                    state.exp_avg[i].clone(),
+                    state.exp_avg_sq[i].clone(),
+                ],
+                grad,
+                step,
+            );
+            state.values[i] = values;
+            state.exp_avg[i] = exp_avg;
+            state.exp_avg_sq[i] = exp_avg_sq;
         }
     }
 }

@@ -79,7 +79,7 @@ pub struct BenchArgs {
     /// A model to benchmark: an HF directory or a .gguf file (default: --config).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Where the runs train: cpu, or a GPU (vulkan, wgpu, metal, dx12; `vulkan:1`).
+    /// Where the runs train: cpu, or a GPU (vulkan, wgpu, metal, dx12, cuda; `vulkan:1`).
     #[arg(long, default_value = "cpu", value_parser = super::train::device_choice())]
     pub device: padfree_model::device::DeviceChoice,
     /// A preset (tiny, small, medium) or config.json, randomly initialised.

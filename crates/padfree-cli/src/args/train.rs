@@ -146,7 +146,7 @@ pub struct TrainArgs {
     /// safetensors values (QLoRA, the default with --use-peft on the CPU).
     #[arg(long, requires = "use_peft")]
     pub dequantize_base: bool,
-    /// Where the model trains: cpu, or a GPU (vulkan, wgpu, metal, dx12;
+    /// Where the model trains: cpu, or a GPU (vulkan, wgpu, metal, dx12, cuda;
     /// `vulkan:1` picks an adapter). Never replaced by another device.
     #[arg(long, default_value = "cpu", value_parser = device_choice())]
     pub device: DeviceChoice,

@@ -24,11 +24,15 @@
 //! zeroed, copied outputs); `gemm_bf16/` the bf16 products (AVX512-BF16,
 //! or widened to f32 where the CPU lacks it) and `bf16.rs` the rounding.
 //!
+//! `adamw/` is AdamW's update of one parameter on a GPU in one kernel
+//! launch (the host loop in padfree-train does it on the CPU).
+//!
 //! `host_op.rs` is the one generic layer that enters a host kernel into
 //! burn's autodiff graph (backend-extension API), for plain autodiff and
 //! gradient checkpointing; the kernels themselves know nothing of burn's
 //! autodiff.
 
+mod adamw;
 mod attention;
 pub(crate) mod bf16;
 mod cross_entropy;
@@ -46,6 +50,9 @@ mod rope;
 mod simd;
 mod swiglu;
 
+#[cfg(feature = "cube")]
+pub use adamw::fused_adamw_update;
+pub use adamw::{AdamWState, AdamWStep, adamw_update, composed_adamw_update};
 pub use attention::{
     AttentionRows, BLOCK_ROWS, CausalMasks, bf16_varlen_attention, composed_padded_attention,
     composed_varlen_attention, half_varlen_attention, per_row_varlen_attention, varlen_attention,
@@ -102,6 +109,7 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
             "linear and LoRA layers",
             "burn's matmul (composed LoRA layer)",
         ),
+        ("AdamW", "CubeCL kernel, one launch a parameter"),
     ]
 }
 

@@ -44,6 +44,10 @@ pub struct ModeResult {
     pub peak_device_memory_bytes: Option<u64>,
     pub final_loss: f64,
     pub step_losses: Vec<f64>,
+    /// Wall seconds of every step, the warm-up's included: a step that
+    /// compiled kernels (a GPU's first steps) stands out here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_seconds: Vec<f64>,
     /// Model FLOPs of the timed steps (`padfree_model::flops`); the same
     /// batches give the same count in every mode, so rows that lack it (the
     /// HF peer's) take it from a padfree row.
@@ -421,10 +425,11 @@ fn timed_run(
     .map_err(|err| load::with_record(err, &source, &locations))?;
     trainer.set_gradient_checkpointing(job.gradient_checkpointing);
     let (mut seconds, mut real, mut fed, mut samples) = (0.0, 0, 0, 0);
-    let mut step_losses = Vec::new();
+    let (mut step_losses, mut step_seconds) = (Vec::new(), Vec::new());
     for step in 0..trainer.plan().len() {
         let metrics = trainer.train_step()?;
         step_losses.push(metrics.loss);
+        step_seconds.push(metrics.seconds);
         if step >= args.timing_warmup_steps {
             seconds += metrics.seconds;
             // The step's figures are global (every rank's micro-batches).
@@ -457,6 +462,7 @@ fn timed_run(
         peak_device_memory_bytes: trainer.device_memory_peak(),
         final_loss: step_losses.last().copied().unwrap_or(f64::NAN),
         step_losses,
+        step_seconds,
         model_flops: Some(model_flops),
     };
     Ok(outcome)

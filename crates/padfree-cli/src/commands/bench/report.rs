@@ -124,6 +124,22 @@ pub(super) struct Report {
     failures: Vec<Failure>,
 }
 
+/// The memory a run's findings compare: on a GPU the device's (padfree's
+/// runtime pools there; HF's peer on CUDA reports CUDA's peak as its only
+/// figure), else the process's resident high-water mark.
+fn compared_memory(run: &ModeResult) -> Option<u64> {
+    run.peak_device_memory_bytes.or(run.peak_memory_bytes)
+}
+
+/// What [`compared_memory`] measured, in the findings' words.
+fn memory_label(run: &ModeResult) -> &'static str {
+    if run.peak_device_memory_bytes.is_some() {
+        "device memory"
+    } else {
+        "peak memory"
+    }
+}
+
 impl Report {
     pub(super) fn new(
         args: &BenchJob,
@@ -273,9 +289,10 @@ impl Report {
                 "- padding-free (collator metadata) vs padded: {speedup:.3}x real tokens/s; the ideal ratio (fed / real tokens of the padded run) is {ideal:.3}, so {:.1}% of ideal.",
                 100.0 * speedup / ideal
             ));
-            if let (Some(a), Some(b)) = (padded.peak_memory_bytes, varlen.peak_memory_bytes) {
+            if let (Some(a), Some(b)) = (compared_memory(padded), compared_memory(varlen)) {
                 out.push(format!(
-                    "- peak memory: padding-free {:.0} MiB vs padded {:.0} MiB ({:+.1}%).",
+                    "- {}: padding-free {:.0} MiB vs padded {:.0} MiB ({:+.1}%).",
+                    memory_label(varlen),
                     b as f64 / 1048576.0,
                     a as f64 / 1048576.0,
                     100.0 * (b as f64 / a as f64 - 1.0)
@@ -314,9 +331,10 @@ impl Report {
         let peer = |mode: &str| find(mode).or_else(|| find(&format!("{mode}-bf16")));
         if let (Some(ours), Some(theirs)) = (find("varlen"), peer("hf-flattening")) {
             out.push(format!(
-                "- padfree padding-free vs HF transformers padding-free (same threads): {:.3}x real tokens/s, peak memory {:.0} vs {:.0} MiB.",
+                "- padfree padding-free vs HF transformers padding-free (same threads): {:.3}x real tokens/s, {} {:.0} vs {:.0} MiB.",
                 ours.real_tokens_per_second / theirs.real_tokens_per_second,
-                ours.peak_memory_bytes.unwrap_or(0) as f64 / 1048576.0,
+                memory_label(ours),
+                compared_memory(ours).unwrap_or(0) as f64 / 1048576.0,
                 theirs.peak_memory_bytes.unwrap_or(0) as f64 / 1048576.0
             ));
         }
@@ -537,8 +555,25 @@ mod tests {
             peak_device_memory_bytes: None,
             final_loss: 1.0,
             step_losses: vec![1.0],
+            step_seconds: Vec::new(),
             model_flops: None,
         }
+    }
+
+    /// On a GPU the findings compare device memory, not the host's (an
+    /// H200 run compared padfree's 2.4 GiB of host memory with HF's 7.3
+    /// GiB on the device).
+    #[test]
+    fn gpu_runs_compare_device_memory() {
+        let mut gpu = run("varlen", 1.0);
+        gpu.peak_memory_bytes = Some(2 << 30);
+        gpu.peak_device_memory_bytes = Some(6 << 30);
+        assert_eq!(compared_memory(&gpu), Some(6 << 30));
+        assert_eq!(memory_label(&gpu), "device memory");
+        let mut cpu = run("varlen", 1.0);
+        cpu.peak_memory_bytes = Some(2 << 30);
+        assert_eq!(compared_memory(&cpu), Some(2 << 30));
+        assert_eq!(memory_label(&cpu), "peak memory");
     }
 
     #[test]
