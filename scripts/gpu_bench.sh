@@ -37,8 +37,8 @@
 # order is model by model, each on every device in turn. GPU_BENCH_BATCH is
 # the batch (default 16), GPU_BENCH_STEPS / GPU_BENCH_WARMUP the timed and
 # untimed steps (15, 5: on CUDA each kernel's first use compiles it through
-# NVRTC, 0.3-1.5 s, and some kernels are compiled per shape, so the first
-# steps are slow). GPU_BENCH_SECONDS (default: none) is the time the
+# NVRTC, about 1.5 s for a matmul kernel, and some kernels are compiled per
+# shape, so the first steps are slow). GPU_BENCH_SECONDS (default: none) is the time the
 # whole run may take: each command runs under `timeout` with what is left
 # (and at most GPU_BENCH_CAP seconds, default 240), and a command that
 # would start with under 20 s left is skipped and said, so a device call

@@ -183,7 +183,8 @@ fn cubecl_rms_norm_takes_more_rows_than_a_grid_dimension() {
 
 /// The fused AdamW kernel over five steps, with and without weight decay,
 /// against the composed oracle on the device and torch's formula in f64 on
-/// the host, for shapes that fill no whole workgroup (and one element).
+/// the host, for shapes that fill no whole workgroup (and one element),
+/// the gradient contiguous and as a transposed view.
 /// The kernel may contract a product and a sum into one FMA where the
 /// oracle rounds twice: they agree to a few f32 roundings (1e-6 relative
 /// of the largest value), where a wrong or missing term (no bias
@@ -218,7 +219,15 @@ fn cubecl_adamw_matches_the_oracle_and_torchs_formula() {
                     eps: eps as f32,
                     step_size: (lr / (1.0 - beta1.powi(t as i32))) as f32,
                 };
-                let grad = upload(&g);
+                // Odd steps: the gradient as a transposed view (strides
+                // [1, rows]), as a matmul's backward may give it.
+                let grad = if t % 2 == 1 {
+                    let transposed: Vec<f32> =
+                        (0..n).map(|k| g[(k % rows) * cols + k / rows]).collect();
+                    float_tensor(transposed, [cols, rows], &device).transpose()
+                } else {
+                    upload(&g)
+                };
                 fused = fused_adamw_update(&fused, &grad, &step).expect("a CubeCL device");
                 oracle = composed_adamw_update(oracle, &grad, &step);
                 for (i, [p, m, v]) in exact.iter_mut().enumerate() {

@@ -319,8 +319,9 @@ impl AdamW {
 /// AdamW's values and moments on a GPU, so a step reads nothing back to the
 /// host: the same formula as [`Update::apply`], one fused kernel launch a
 /// parameter (`padfree_model::kernels::adamw_update`; f32 on the device,
-/// its rounding the device's, not bit-identical to the host loop). The host [`AdamW`] keeps the step count and hyperparameters and is
-/// brought up to date from here before a checkpoint is written.
+/// its rounding the device's, not bit-identical to the host loop). The
+/// host [`AdamW`] keeps the step count and hyperparameters and is brought
+/// up to date from here before a checkpoint is written.
 #[derive(Debug, Clone)]
 pub(crate) struct DeviceAdamW {
     values: Vec<Tensor<2>>,

@@ -4,14 +4,24 @@
 //! two agree to an f32 rounding or so, not to the bit).
 //!
 //! # Shapes
-//! every tensor `[R, C]`, contiguous f32.
+//! every tensor `[R, C]`, f32; the inputs in any strides, the outputs
+//! contiguous.
 
+use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{AdamWState, AdamWStep};
-use crate::kernels::cube_op::{contiguous_primitive, empty_like, grid};
+use crate::kernels::cube_op::{empty_like, grid};
 use crate::tensor::Tensor as BurnTensor;
+
+/// Where element `(row, col)` of `t` lies, whatever its strides: a
+/// gradient may arrive as a transposed view, read in place instead of
+/// copied first.
+#[cube]
+fn at(t: &Tensor<f32>, row: usize, col: usize) -> usize {
+    row * t.stride(0) + col * t.stride(1)
+}
 
 #[allow(clippy::too_many_arguments)]
 #[cube(launch)]
@@ -34,11 +44,13 @@ fn update_kernel(
 ) {
     let i = ABSOLUTE_POS;
     if i < new_values.len() {
-        let g = grad[i] * grad_scale;
-        let p = values[i] * decay;
-        let m0 = exp_avg[i];
+        let cols = new_values.shape(1);
+        let (row, col) = (i / cols, i % cols);
+        let g = grad[at(grad, row, col)] * grad_scale;
+        let p = values[at(values, row, col)] * decay;
+        let m0 = exp_avg[at(exp_avg, row, col)];
         let m = m0 + (g - m0) * one_minus_beta1;
-        let v = exp_avg_sq[i] * beta2 + (g * g) * one_minus_beta2;
+        let v = exp_avg_sq[at(exp_avg_sq, row, col)] * beta2 + (g * g) * one_minus_beta2;
         let denom = v.sqrt() / bias_correction2_sqrt + eps;
         new_values[i] = p - (m / denom) * step_size;
         new_exp_avg[i] = m;
@@ -53,7 +65,7 @@ pub(super) fn adamw_update(
     grad: &BurnTensor<2>,
     step: &AdamWStep,
 ) -> Option<AdamWState> {
-    let primitive = |t: &BurnTensor<2>| contiguous_primitive(t).ok();
+    let primitive = |t: &BurnTensor<2>| t.clone().try_into_primitive::<CubeBackend>().ok();
     let (p, m, v, g) = (
         primitive(values)?,
         primitive(exp_avg)?,
@@ -86,6 +98,6 @@ pub(super) fn adamw_update(
         step.eps,
         step.step_size,
     );
-    let wrap = |t: CubeTensor| BurnTensor::from_primitive::<burn_cubecl::CubeBackend>(t);
+    let wrap = |t: CubeTensor| BurnTensor::from_primitive::<CubeBackend>(t);
     Some([wrap(new_p), wrap(new_m), wrap(new_v)])
 }
