@@ -22,9 +22,10 @@ use common::gpu::{attention_and_grads, gpu, head_loss_and_grads, on_gpu, random}
 use common::{assert_close, examples, host, param_grads};
 use padfree_model::kernels::{
     AdamWStep, AttentionRows, CausalMasks, RopeTables, composed_adamw_update,
-    composed_cross_entropy_sum, composed_rms_norm, composed_rope, composed_swiglu,
-    composed_varlen_attention, cross_entropy_sum, fused_adamw_update, head_cross_entropy_sum,
-    per_row_varlen_attention, rms_norm, rope, swiglu, varlen_attention,
+    composed_cross_entropy_sum, composed_rms_norm, composed_rope, composed_sums_of_squares,
+    composed_swiglu, composed_varlen_attention, cross_entropy_sum, fused_adamw_update,
+    fused_sums_of_squares, head_cross_entropy_sum, per_row_varlen_attention, rms_norm, rope,
+    swiglu, varlen_attention,
 };
 use padfree_model::tensor::{
     Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, int_tensor_nd, trainable,
@@ -255,6 +256,68 @@ fn cubecl_adamw_matches_the_oracle_and_torchs_formula() {
             }
         }
     }
+}
+
+/// The gradient norm's per-tensor sums of squares: one element, shapes
+/// within one block and over several (with a partial last block), a
+/// transposed view (read in place), a broadcast row (made contiguous
+/// first) and an empty tensor, against f64 sums on the host and the
+/// composed oracle. f32 sums in blocks of 8,192 and a tree: within 1e-6
+/// of the f64 sum; a dropped partial block or a wrong offset is off by
+/// 1e-2 or more.
+#[test]
+fn cubecl_sums_of_squares_match_f64_and_the_oracle() {
+    let device = gpu();
+    let shapes = [[1usize, 1], [37, 91], [300, 1000], [8192, 3], [0, 5]];
+    let mut tensors = Vec::new();
+    let mut exact = Vec::new();
+    for (seed, [rows, cols]) in shapes.into_iter().enumerate() {
+        let values = random(rows * cols, 700 + seed as u64, 1.0);
+        exact.push(
+            values
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>(),
+        );
+        tensors.push(float_tensor(values, [rows, cols], &device));
+    }
+    // A transposed view (read in place), and a row broadcast to 64 rows
+    // (stride 0: copied into a contiguous buffer first).
+    let values = random(91 * 37, 710, 1.0);
+    exact.push(
+        values
+            .iter()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum::<f64>(),
+    );
+    tensors.push(float_tensor(values, [91, 37], &device).transpose());
+    let values = random(50, 711, 1.0);
+    exact.push(
+        64.0 * values
+            .iter()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum::<f64>(),
+    );
+    tensors.push(float_tensor(values, [1, 50], &device).expand([64, 50]));
+    let fused = fused_sums_of_squares(&tensors)
+        .expect("a CubeCL device")
+        .into_vec();
+    let oracle = composed_sums_of_squares(&tensors)
+        .expect("tensors")
+        .into_vec();
+    assert_eq!(fused.len(), tensors.len());
+    for (i, ((&f, &o), &e)) in fused.iter().zip(&oracle).zip(&exact).enumerate() {
+        let bound = 1e-6 * e.max(1.0);
+        assert!(
+            (f64::from(f) - e).abs() <= bound,
+            "tensor {i}: fused {f} vs f64 {e}"
+        );
+        assert!(
+            (f64::from(o) - e).abs() <= 1e-5 * e.max(1.0),
+            "tensor {i}: oracle {o} vs f64 {e}"
+        );
+    }
+    assert!(fused_sums_of_squares(&[]).is_none());
 }
 
 /// The CubeCL SwiGLU gate: SmolLM2's intermediate width, an odd shape.

@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use padfree_model::Param;
+use padfree_model::kernels::sums_of_squares;
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, cat, float_tensor, with_host_values};
 
 use crate::comm::{Communicator, Flat};
@@ -210,8 +211,9 @@ impl GradSums {
     /// order: the same value however many threads run, and the large
     /// tensors (embedding, head) spread over all threads instead of one
     /// serial f64 sum each (a 16M-element table took 25 ms that way).
-    /// On a device each tensor's sum of squares is taken there in f32, and
-    /// the per-tensor sums come back as one small vector.
+    /// On a device each tensor's sum of squares is taken there in f32 (one
+    /// fused launch a tensor and one to combine: `kernels::sums_of_squares`),
+    /// and the per-tensor sums come back as one small vector.
     pub(crate) fn global_norm(&self) -> f64 {
         match self {
             Self::Host(sums) => {
@@ -220,15 +222,11 @@ impl GradSums {
                 per_chunk.iter().sum::<f64>().sqrt()
             }
             Self::Device(sums) => {
-                let per_tensor: Vec<Tensor<1>> = sums
-                    .iter()
-                    .flatten()
-                    .map(|g| g.clone().powi_scalar(2).sum())
-                    .collect();
-                if per_tensor.is_empty() {
+                let present: Vec<Tensor<2>> = sums.iter().flatten().cloned().collect();
+                let Some(per_tensor) = sums_of_squares(&present) else {
                     return 0.0;
-                }
-                cat(per_tensor, 0)
+                };
+                per_tensor
                     .into_vec()
                     .iter()
                     .map(|&x| f64::from(x))

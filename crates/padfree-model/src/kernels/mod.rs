@@ -25,7 +25,9 @@
 //! or widened to f32 where the CPU lacks it) and `bf16.rs` the rounding.
 //!
 //! `adamw/` is AdamW's update of one parameter on a GPU in one kernel
-//! launch (the host loop in padfree-train does it on the CPU).
+//! launch (the host loop in padfree-train does it on the CPU), and
+//! `sum_squares/` the gradient norm's per-tensor sums of squares on a GPU
+//! in one launch a tensor plus one.
 //!
 //! `host_op.rs` is the one generic layer that enters a host kernel into
 //! burn's autodiff graph (backend-extension API), for plain autodiff and
@@ -48,6 +50,7 @@ pub mod quant_matmul;
 mod rms_norm;
 mod rope;
 mod simd;
+mod sum_squares;
 mod swiglu;
 
 #[cfg(feature = "cube")]
@@ -77,6 +80,9 @@ pub use quant_matmul::{
 };
 pub use rms_norm::{composed_rms_norm, rms_norm};
 pub use rope::{RopeTables, composed_rope, rope};
+#[cfg(feature = "cube")]
+pub use sum_squares::fused_sums_of_squares;
+pub use sum_squares::{composed_sums_of_squares, sums_of_squares};
 pub use swiglu::{bf16_swiglu, composed_swiglu, swiglu};
 
 /// True on burn's Flex device, where the host kernels run.
@@ -110,6 +116,10 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
             "burn's matmul (composed LoRA layer)",
         ),
         ("AdamW", "CubeCL kernel, one launch a parameter"),
+        (
+            "gradient norm",
+            "CubeCL kernels, one launch a parameter and one to combine",
+        ),
     ]
 }
 

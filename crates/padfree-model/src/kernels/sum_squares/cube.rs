@@ -1,0 +1,159 @@
+//! The CubeCL body of [`super::sums_of_squares`].
+//!
+//! - **Partials**: a launch per tensor, a workgroup per block of
+//!   [`BLOCK_ELEMENTS`] of its elements; each thread sums the squares of
+//!   every `threads`-th element of the block, the workgroup adds the
+//!   threads' sums in a fixed tree ([`workgroup_sum`]) and writes one
+//!   partial into the shared buffer, at the tensor's offset plus the block.
+//! - **Combine**: one launch, a workgroup per tensor, adding its partials
+//!   (listed by a `[P + 1]` table of offsets) the same way.
+//!
+//! Every sum is f32 and in a fixed order: the same values on every run.
+//! A tensor is read in its buffer's order, so a transposed view (its
+//! buffer holds exactly its elements) is read in place; another layout is
+//! made contiguous first.
+//!
+//! # Shapes
+//! each input 2-D; `partials`: `[sum of each tensor's blocks]`;
+//! `offsets`: `[P + 1]` (f32, exact below 2^24 blocks); the result `[P]`.
+
+use burn_cubecl::CubeBackend;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use crate::kernels::cube_op::{empty_like, row_groups, workgroup_index, workgroup_sum};
+use crate::tensor::Tensor as BurnTensor;
+
+/// Elements a workgroup of the partial pass sums.
+const BLOCK_ELEMENTS: usize = 8192;
+
+#[cube(launch)]
+fn partial_kernel(
+    x: &Tensor<f32>,
+    partials: &mut Tensor<f32>,
+    offset: u32,
+    #[comptime] block_elements: usize,
+    #[comptime] threads: usize,
+) {
+    let block = workgroup_index();
+    let start = block * block_elements;
+    // The grid's last row may hold workgroups past the last block: a
+    // whole workgroup leaves together, before any barrier.
+    if start >= x.len() {
+        terminate!();
+    }
+    let mut end = start + block_elements;
+    if end > x.len() {
+        end = x.len();
+    }
+    let mut sum = 0.0f32;
+    let mut i = start + UNIT_POS_X as usize;
+    while i < end {
+        let v = x[i];
+        sum += v * v;
+        i += threads;
+    }
+    let total = workgroup_sum(sum, threads);
+    if UNIT_POS_X == 0 {
+        partials[offset as usize + block] = total;
+    }
+}
+
+#[cube(launch)]
+fn combine_kernel(
+    partials: &Tensor<f32>,
+    offsets: &Tensor<f32>,
+    sums: &mut Tensor<f32>,
+    #[comptime] threads: usize,
+) {
+    let tensor = workgroup_index();
+    if tensor >= sums.len() {
+        terminate!();
+    }
+    let start = u32::cast_from(offsets[tensor]) as usize;
+    let end = u32::cast_from(offsets[tensor + 1]) as usize;
+    let mut sum = 0.0f32;
+    let mut i = start + UNIT_POS_X as usize;
+    while i < end {
+        sum += partials[i];
+        i += threads;
+    }
+    let total = workgroup_sum(sum, threads);
+    if UNIT_POS_X == 0 {
+        sums[tensor] = total;
+    }
+}
+
+/// Whether `t`'s buffer holds exactly its elements, in some order: rows
+/// (contiguous) or columns (a transposed view) packed.
+fn packed(t: &CubeTensor) -> bool {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let [rows, cols] = [shape[0], shape[1]];
+    let row_major = (strides[1] == 1 || cols == 1) && (strides[0] == cols || rows == 1);
+    let col_major = (strides[0] == 1 || rows == 1) && (strides[1] == rows || cols == 1);
+    row_major || col_major
+}
+
+pub(super) fn sums_of_squares(tensors: &[BurnTensor<2>]) -> Option<BurnTensor<1>> {
+    let mut inputs = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let primitive = t.clone().try_into_primitive::<CubeBackend>().ok()?;
+        inputs.push(if packed(&primitive) {
+            primitive
+        } else {
+            into_contiguous(primitive)
+        });
+    }
+    let first = inputs.first()?;
+    let blocks: Vec<usize> = inputs
+        .iter()
+        .map(|t| {
+            t.meta
+                .shape()
+                .iter()
+                .product::<usize>()
+                .div_ceil(BLOCK_ELEMENTS)
+        })
+        .collect();
+    let mut offsets = Vec::with_capacity(blocks.len() + 1);
+    let mut total = 0usize;
+    offsets.push(0.0f32);
+    for &b in &blocks {
+        total += b;
+        offsets.push(total as f32);
+    }
+    let partials = empty_like(first, vec![total.max(1)]);
+    for ((x, &b), offset) in inputs.iter().zip(&blocks).zip(&offsets) {
+        if b == 0 {
+            continue;
+        }
+        let (count, dim, threads) = row_groups(x, b);
+        partial_kernel::launch(
+            &x.client,
+            count,
+            dim,
+            x.clone().into_tensor_arg(),
+            partials.clone().into_tensor_arg(),
+            *offset as u32,
+            BLOCK_ELEMENTS,
+            threads,
+        );
+    }
+    let device = tensors[0].device();
+    let offsets = crate::tensor::float_tensor(offsets, [blocks.len() + 1], &device)
+        .try_into_primitive::<CubeBackend>()
+        .ok()?;
+    let sums = empty_like(first, vec![inputs.len()]);
+    let (count, dim, threads) = row_groups(first, inputs.len());
+    combine_kernel::launch(
+        &first.client,
+        count,
+        dim,
+        partials.into_tensor_arg(),
+        offsets.into_tensor_arg(),
+        sums.clone().into_tensor_arg(),
+        threads,
+    );
+    Some(BurnTensor::from_primitive::<CubeBackend>(sums))
+}
