@@ -140,6 +140,31 @@ fn memory_label(run: &ModeResult) -> &'static str {
     }
 }
 
+/// A timed step this many times the median one is called out.
+const SLOW_STEP: f64 = 3.0;
+
+/// A finding when one of `run`'s timed steps took [`SLOW_STEP`] times the
+/// median or more: a kernel compiled late (a GPU's runtime compiles on
+/// first use, some kernels per shape) or another process got in, and the
+/// run's figure holds it.
+fn uneven_steps(run: &ModeResult) -> Option<String> {
+    let timed = run.step_seconds.len().checked_sub(run.timed_steps)?;
+    let mut seconds = run.step_seconds[timed..].to_vec();
+    if seconds.len() < 2 {
+        return None;
+    }
+    seconds.sort_by(f64::total_cmp);
+    let median = seconds[seconds.len() / 2];
+    let slowest = seconds[seconds.len() - 1];
+    (slowest >= SLOW_STEP * median && median > 0.0).then(|| {
+        format!(
+            "- {}: its slowest timed step took {:.1}x the median ({slowest:.3} s vs {median:.3} s): a kernel compiled late or another process ran; more --timing-warmup-steps, or `step_seconds` in bench.json, tell which.",
+            label(&run.mode),
+            slowest / median
+        )
+    })
+}
+
 impl Report {
     pub(super) fn new(
         args: &BenchJob,
@@ -370,6 +395,7 @@ impl Report {
                 }
             ));
         }
+        out.extend(self.results.iter().filter_map(uneven_steps));
         out.join("\n")
     }
 
@@ -574,6 +600,23 @@ mod tests {
         cpu.peak_memory_bytes = Some(2 << 30);
         assert_eq!(compared_memory(&cpu), Some(2 << 30));
         assert_eq!(memory_label(&cpu), "peak memory");
+    }
+
+    /// A timed step 3x the median is called out; the warm-up's are not
+    /// looked at, and an even run says nothing.
+    #[test]
+    fn a_slow_timed_step_is_called_out() {
+        let mut even = run("varlen", 1.0);
+        even.timed_steps = 4;
+        even.step_seconds = vec![9.0, 0.10, 0.11, 0.10, 0.12];
+        assert_eq!(uneven_steps(&even), None, "the warm-up step is not timed");
+        let mut spiked = even.clone();
+        spiked.step_seconds[3] = 0.5;
+        let finding = uneven_steps(&spiked).expect("a 4x step");
+        assert!(finding.contains("4.2x the median"), "{finding}");
+        assert!(finding.contains("0.500 s vs 0.120 s"), "{finding}");
+        // The HF peer's rows may come without step times.
+        assert_eq!(uneven_steps(&run("hf-padded", 1.0)), None);
     }
 
     #[test]
