@@ -313,7 +313,7 @@ fn cubecl_sums_of_squares_match_f64_and_the_oracle() {
             "tensor {i}: fused {f} vs f64 {e}"
         );
         assert!(
-            (f64::from(o) - e).abs() <= 1e-5 * e.max(1.0),
+            (f64::from(o) - e).abs() <= bound,
             "tensor {i}: oracle {o} vs f64 {e}"
         );
     }
