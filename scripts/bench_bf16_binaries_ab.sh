@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two padfree binaries (A: before a change, B: after), `--bf16` training runs
 # interleaved A, B, A, B, ... so that a slow spell of a shared machine hits
-# both; then one f32 run of B for the bf16/f32 ratio. Full fine-tuning of
+# both; then one f32 run of B for the bf16/f32 ratio (see PRECISIONS). Full fine-tuning of
 # SmolLM2-135M-Instruct (its Q4_1 GGUF; MODEL=medium: the `medium` preset,
 # 32k vocabulary) on the shipped maths data (DATA=short: the short
 # arithmetic chat data), 5 optimizer steps (the first is warm-up in the
@@ -10,7 +10,9 @@
 #
 #   bash scripts/bench_bf16_binaries_ab.sh BIN_A BIN_B [ROUNDS] [OUTPUT_DIR]
 #
-# BATCHES="8 16" (the default) sets the per-device batch sizes. Benchmark
+# BATCHES="8 16" (the default) sets the per-device batch sizes;
+# PRECISIONS="f32 bf16" interleaves A and B in f32 as well (for a change
+# that touches both; the lone f32 run of B is then dropped). Benchmark
 # on a quiet machine (`vmstat 2`: no steal, nothing else running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,10 +40,15 @@ run() { # NAME BIN BATCH [FLAGS...]
     "peak $(awk '/VmHWM/ {print $5}' "$out/$name.log") MiB," \
     "final loss $(awk '/final step loss/ {print $5}' "$out/$name.log")"
 }
+flags() { [[ $1 == bf16 ]] && echo --bf16 || true; }
 for batch in ${BATCHES:-8 16}; do
   for round in $(seq 1 "$rounds"); do
-    run "A-b$batch-bf16-$round" "$bin_a" "$batch" --bf16
-    run "B-b$batch-bf16-$round" "$bin_b" "$batch" --bf16
+    for precision in ${PRECISIONS:-bf16}; do
+      # shellcheck disable=SC2046 # no flag at all for f32
+      run "A-b$batch-$precision-$round" "$bin_a" "$batch" $(flags "$precision")
+      # shellcheck disable=SC2046
+      run "B-b$batch-$precision-$round" "$bin_b" "$batch" $(flags "$precision")
+    done
   done
-  run "B-b$batch-f32" "$bin_b" "$batch"
+  [[ " ${PRECISIONS:-bf16} " == *" f32 "* ]] || run "B-b$batch-f32" "$bin_b" "$batch"
 done

@@ -2,7 +2,8 @@ use padfree_pack::IGNORE_INDEX;
 
 use crate::error::ModelError;
 use crate::kernels::{
-    composed_cross_entropy_sum, cross_entropy_sum, head_chunk_rows, head_cross_entropy_sum,
+    composed_cross_entropy_sum, head_chunk_rows, head_cross_entropy_sum,
+    host_head_cross_entropy_sum as host_head_cross_entropy_sum_op,
 };
 use crate::tensor::{Device, Int, IntoHostVec, Tensor, int_tensor_nd};
 
@@ -59,7 +60,8 @@ pub fn causal_lm_loss(logits: Tensor<2>, targets: &[i64]) -> Result<LossSum, Mod
 }
 
 /// The most logits (4 bytes each) one chunk of the LM head computes at once
-/// under gradient checkpointing (`model/checkpointing.rs`).
+/// on the CPU (`kernels/cross_entropy/head.rs`), and the labelled rows per
+/// head pass under gradient checkpointing (`model/checkpointing.rs`).
 pub const HEAD_CHUNK_BYTES: usize = 64 << 20;
 
 /// The rows of a batch that carry a label, and those labels.
@@ -162,15 +164,20 @@ pub(crate) fn fused_head_cross_entropy_sum(
     })
 }
 
-/// Summed cross-entropy of the labelled rows' logits, `[K, V]`, through the
-/// fused kernel (`kernels/cross_entropy.rs`): one pass for the loss, one for
-/// the gradient.
-pub(crate) fn fused_cross_entropy_sum(
+/// Summed cross-entropy of the labelled rows' hidden states `kept` (`[K,
+/// C]`) through the LM head `head` (`[V, C]`, and under `--bf16` its bf16
+/// copy) in one host op that makes the gradients with the logits, a chunk
+/// of [`HEAD_CHUNK_BYTES`] at a time (`kernels/cross_entropy/head.rs`):
+/// the CPU's path.
+pub(crate) fn host_head_cross_entropy_sum(
     kept: Tensor<2>,
+    head: Tensor<2>,
+    head16: Option<std::sync::Arc<[half::bf16]>>,
     labels: &LabelRows,
 ) -> Result<LossSum, ModelError> {
     let targets: Vec<usize> = labels.targets.iter().map(|&t| t as usize).collect();
-    let sum = cross_entropy_sum(kept, &targets)?;
+    let chunk_rows = (HEAD_CHUNK_BYTES / (4 * head.dims()[0].max(1))).max(1);
+    let sum = host_head_cross_entropy_sum_op(kept, head, head16, &targets, chunk_rows)?;
     Ok(LossSum {
         sum,
         num_tokens: labels.len(),

@@ -15,7 +15,7 @@ use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
 use crate::lora::{DropoutDraw, Lora, LoraTarget};
-use crate::loss::{LabelRows, LossSum, fused_cross_entropy_sum, fused_head_cross_entropy_sum};
+use crate::loss::{LabelRows, LossSum, fused_head_cross_entropy_sum, host_head_cross_entropy_sum};
 use crate::precision::Bf16Weights;
 use crate::tensor::{
     Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, frozen, int_tensor, linear,
@@ -411,17 +411,33 @@ impl LlamaModel {
             return Ok(LossSum::empty(hidden));
         }
         let kept = hidden.select(0, labels.rows_tensor(&self.device));
-        // On a GPU the head and the loss are one op that never holds the
-        // `[K, V]` logits (under `--bf16` with the head's 16-bit copy).
+        self.head_loss_sum(kept, &labels)
+    }
+
+    /// The summed loss of the labelled rows' final-norm outputs `kept`
+    /// (`[K, C]`) through the LM head, in one op that never holds the
+    /// `[K, V]` logits (`kernels/cross_entropy`): on a GPU it makes them
+    /// again chunk by chunk in its backward pass, on the CPU it makes the
+    /// gradients with them; under `--bf16` with the head's 16-bit copy.
+    pub(crate) fn head_loss_sum(
+        &self,
+        kept: Tensor<2>,
+        labels: &LabelRows,
+    ) -> Result<LossSum, ModelError> {
+        let head = self.head().value.clone();
         if !crate::kernels::on_cpu(&self.device) {
             let head16 = self
                 .bf16
                 .as_ref()
                 .and_then(|b| b.get_device(self.head_index()));
-            let head = self.head().value.clone();
-            return fused_head_cross_entropy_sum(kept, head, head16, &labels);
+            return fused_head_cross_entropy_sum(kept, head, head16, labels);
         }
-        fused_cross_entropy_sum(self.head_product(kept)?, &labels)
+        let head16 = self
+            .bf16
+            .as_ref()
+            .and_then(|b| b.get(self.head_index()))
+            .cloned();
+        host_head_cross_entropy_sum(kept, head, head16, labels)
     }
 
     /// The LM head: its own matrix, or the embedding when tied.

@@ -10,13 +10,15 @@
 //! before and after RoPE and the values (`5HD`-ish: `2(HD + HkvD)` for RoPE
 //! plus `HD + 2HkvD` for the attention kernel, and its `HD` output, which is
 //! also `o_proj`'s input), gate, up and their product (`3I`), and per LoRA
-//! adapter its two `r`-wide products. The LM head keeps the hidden state and
-//! the logits of the labelled rows only (`2 x V` per label, with the
-//! softmax's gradient). With per-layer gradient checkpointing
-//! (`model/checkpointing.rs`) the step keeps each layer's input (`C` per
-//! token and layer, `L + 1` of them), one layer's activations and the
-//! upstream gradient at a time, and the head's logits of one chunk of
-//! labelled rows. Under `--bf16` SwiGLU keeps gate and up as bf16 and
+//! adapter its two `r`-wide products. The LM head and its loss are one op
+//! (`kernels/cross_entropy/head.rs`) that holds one chunk of logits
+//! (`HEAD_CHUNK_BYTES`) while it runs and keeps the gradients it made with
+//! them: the hidden state's (`C` per label) and, when the head trains,
+//! the head's (`V x C`), never `[K, V]` logits. With per-layer gradient
+//! checkpointing (`model/checkpointing.rs`) the step keeps each layer's
+//! input (`C` per token and layer, `L + 1` of them), one layer's
+//! activations and the upstream gradient at a time, and the head's op on
+//! one chunk of labelled rows. Under `--bf16` SwiGLU keeps gate and up as bf16 and
 //! `down_proj` its input, so the MLP's `3I` count as `3I/2`, and the
 //! attention kernel its inputs and output (`o_proj` the output), so their
 //! `3HD + 2HkvD` count half; the weights' bf16 copies are counted with the
@@ -99,10 +101,12 @@ pub fn training_memory(
         config.hidden_size as u64,
         tokens as u64,
     );
-    let head = |rows: u64| rows * (2 * vocab + hidden);
+    let chunk = (crate::loss::HEAD_CHUNK_BYTES as u64 / (4 * vocab.max(1))).max(1);
+    // LoRA trains nothing outside the layers: a frozen head makes no `dW`.
+    let head_gradient = if lora.is_none() { vocab * hidden } else { 0 };
+    let head = |rows: u64| rows * hidden + chunk.min(rows) * vocab + head_gradient;
     let lora_values = if lora.is_some() { 4 * trained } else { 0 };
     let floats = if checkpointing {
-        let chunk = (crate::loss::HEAD_CHUNK_BYTES as u64 / (4 * vocab.max(1))).max(1);
         // Inputs of every layer and the final norm, one layer's activations,
         // the upstream gradient, one chunk of the head.
         tokens * (layers + 1) * hidden
@@ -169,6 +173,32 @@ mod tests {
             count(Precision::F32) - count(Precision::Bf16),
             3 * i / 2 + (3 * q + 2 * kv) / 2
         );
+    }
+
+    /// The head's op holds one chunk of logits and the gradients it made:
+    /// more labelled rows add their `C`-wide gradient, not `V` logits, and
+    /// a frozen head (LoRA) makes no `V x C` gradient.
+    #[test]
+    fn the_head_never_holds_the_logits_of_every_label() {
+        let config = LlamaConfig::medium();
+        let (c, v) = (config.hidden_size as u64, config.vocab_size as u64);
+        let chunk = (crate::loss::HEAD_CHUNK_BYTES as u64 / (4 * v)) as usize;
+        let at = |labels: usize| {
+            training_memory(&config, 0, None, 4096, labels, false, Precision::F32).activations
+        };
+        assert_eq!(at(2 * chunk) - at(chunk), 4 * chunk as u64 * c);
+        let lora = LoraConfig::trl_defaults();
+        let adapted = |labels: usize| {
+            training_memory(&config, 0, Some(&lora), 4096, labels, false, Precision::F32)
+                .activations
+        };
+        let lora_activations = 4
+            * 4096
+            * config.num_hidden_layers as u64
+            * 2
+            * lora.r as u64
+            * lora.targets.len() as u64;
+        assert_eq!(at(chunk) - (adapted(chunk) - lora_activations), 4 * v * c);
     }
 
     #[test]

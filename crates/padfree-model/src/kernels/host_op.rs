@@ -19,7 +19,7 @@ use burn_autodiff::checkpoint::strategy::{
     BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
 };
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn_backend::tensor::FloatTensor;
 use burn_flex::{Flex, FlexTensor};
 
@@ -64,6 +64,15 @@ pub(crate) trait HostOp<const N: usize>:
     /// and gets empty input values with the inputs' shapes.
     const KEEPS_INPUTS: bool = true;
 
+    /// The op, told before its forward pass which inputs the autodiff graph
+    /// tracks (will want a gradient of): an op that makes its gradients in
+    /// the forward pass (the LM head's loss) keeps this; off the graph,
+    /// all false. A tensor made by tracked ops tracks too, though burn's
+    /// `is_require_grad` says so only of a leaf.
+    fn tracking(self, _tracked: [bool; N]) -> Self {
+        self
+    }
+
     /// The output and what to save.
     fn forward(&self, inputs: [HostTensor<'_>; N]) -> HostOutput;
 
@@ -105,7 +114,7 @@ pub(crate) fn apply<Op: HostOp<N>, const N: usize, const I: usize, const O: usiz
 ) -> Result<Tensor<O>, UnsupportedTensor> {
     if !inputs.iter().all(Tensor::is_autodiff) {
         let inputs: [FlexTensor; N] = primitives!(inputs, Flex);
-        let (output, _) = forward(&op, &inputs)?;
+        let (output, _) = forward(&op.tracking([false; N]), &inputs)?;
         return Ok(Tensor::from_primitive::<Flex>(output));
     }
     let strategy = inputs[0].gradient_checkpointing_strategy();
@@ -215,6 +224,31 @@ impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for HostBackwardOf<Op, N> 
     }
 }
 
+/// Whether the graph tracks the tensor of `node`: burn keeps a node's
+/// requirement to itself, so a one-input op is prepared on it (and dropped
+/// before it registers anything) to read whether burn would track it.
+fn is_tracked(node: NodeGuard) -> bool {
+    matches!(
+        TrackingProbe
+            .prepare::<NoCheckpointing>([node])
+            .compute_bound()
+            .stateful(),
+        OpsKind::Tracked(_)
+    )
+}
+
+/// [`is_tracked`]'s op: never finished, so never run backward.
+#[derive(Debug)]
+struct TrackingProbe;
+
+impl Backward<Flex, 1> for TrackingProbe {
+    type State = ();
+
+    fn backward(self, _: Ops<(), 1>, _: &mut Gradients, _: &mut Checkpointer) {
+        unreachable!("the tracking probe is never registered in a graph")
+    }
+}
+
 /// The backward step of `Op` (a marker: burn wants the step itself stateless).
 #[derive(Debug)]
 struct HostBackwardOf<Op, const N: usize>(std::marker::PhantomData<Op>);
@@ -223,6 +257,7 @@ fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
     op: Op,
     inputs: [FloatTensor<Autodiff<Flex>>; N],
 ) -> Result<FloatTensor<Autodiff<Flex>>, UnsupportedTensor> {
+    let op = op.tracking(inputs.each_ref().map(|t| is_tracked(t.node())));
     if Op::RECOMPUTE {
         return recomputed::<Op, C, N>(op, inputs);
     }

@@ -62,6 +62,7 @@ pub use attention::{
 };
 pub use cross_entropy::{
     composed_cross_entropy_sum, cross_entropy_sum, head_chunk_rows, head_cross_entropy_sum,
+    host_head_cross_entropy_sum,
 };
 pub use host_op::UnsupportedTensor;
 #[cfg(feature = "cube")]
@@ -95,7 +96,10 @@ pub fn kernel_bodies(device: &crate::tensor::Device) -> Vec<(&'static str, &'sta
     if attention::is_cpu(device) {
         return vec![
             ("varlen attention", "fused host kernel"),
-            ("cross-entropy", "fused host kernel"),
+            (
+                "cross-entropy",
+                "fused host kernel with the LM head, in chunks of rows",
+            ),
             ("RMSNorm", "fused host kernel"),
             ("SwiGLU", "fused host kernel"),
             ("RoPE", "fused host kernel"),

@@ -14,9 +14,9 @@
 //! (docs/benchmarks/2026-12-01-lora.md).
 //!
 //! The LM head runs in chunks of labelled rows, each with its own backward
-//! pass: a chunk's logits (`[K_chunk, V]` and the softmax's gradient) are
-//! the largest tensors of a small model's step, and the chunks keep them to
-//! [`HEAD_CHUNK_BYTES`].
+//! pass and its loss in the one op that never keeps the logits
+//! (`LlamaModel::head_loss_sum`); a chunk's final norm and hidden states
+//! stay within [`HEAD_CHUNK_BYTES`]' rows.
 //!
 //! Each part also says how many of [`LlamaModel::gradient_buckets`] are
 //! then complete (no later part adds to them): data-parallel training
@@ -34,7 +34,7 @@
 
 use crate::error::ModelError;
 use crate::input::ModelInput;
-use crate::loss::{HEAD_CHUNK_BYTES, LabelRows, fused_cross_entropy_sum};
+use crate::loss::{HEAD_CHUNK_BYTES, LabelRows};
 use crate::tensor::{Gradients, Tensor, backward, grad, trainable};
 use crate::weights::table::index;
 
@@ -134,8 +134,7 @@ impl LlamaModel {
         for (at, chunk) in chunks.into_iter().enumerate() {
             let kept = leaf.clone().select(0, chunk.rows_tensor(&self.device));
             let normed = self.final_norm().forward(kept)?;
-            let head = self.head_product(normed)?;
-            let loss = fused_cross_entropy_sum(head, &chunk)?;
+            let loss = self.head_loss_sum(normed, &chunk)?;
             loss_sum += loss.value();
             let gradients = backward(&loss.sum.div_scalar(divisor));
             take(&gradients, if at == last_chunk { head_buckets } else { 0 });

@@ -10,7 +10,9 @@
 //!
 //! This file holds the differentiable burn op ([`cross_entropy_sum`]), the
 //! host kernel, and the composed oracle ([`composed_cross_entropy_sum`]);
-//! `cube.rs` the CubeCL body for GPUs.
+//! `head.rs` the LM head and the loss in one host op that never holds the
+//! `[K, V]` logits ([`host_head_cross_entropy_sum`]: the CPU's training
+//! path); `cube.rs` the CubeCL bodies for GPUs.
 //!
 //! # Shapes
 //! `K` labelled rows, `V` vocabulary. `logits`, `d_logits`: `[K, V]`;
@@ -28,6 +30,7 @@ use rayon::prelude::*;
 
 #[cfg(feature = "cube")]
 mod cube;
+mod head;
 
 // ---- the differentiable burn op ----
 
@@ -79,12 +82,62 @@ pub fn head_cross_entropy_sum(
     }
     if head16.is_some() {
         return Err(UnsupportedTensor(
-            "the 16-bit head with cross-entropy runs on a GPU (the CPU's bf16 head is bf16_linear)"
+            "the 16-bit head tensor with cross-entropy runs on a GPU (the CPU's bf16 head copy \
+             goes to host_head_cross_entropy_sum)"
                 .into(),
         ));
     }
-    let _ = (chunk_rows, device);
+    if is_cpu(&device) {
+        return host_head_cross_entropy_sum(x, head, None, targets, chunk_rows);
+    }
     cross_entropy_sum(x.matmul(head.transpose()), targets)
+}
+
+/// Summed cross-entropy of the rows of `x head^T` (`x`: `[K, C]`, `head`:
+/// `[V, C]`, `targets[k] < V`) -> `[1]` on the CPU, in one op (`head.rs`):
+/// the logits made `chunk_rows` rows at a time and their gradients with
+/// them, so that the graph keeps `dx` and `dW` rather than `[K, V]`
+/// logits. `head16` (`--bf16`): the head's bf16 copy (`[V, C]`); the
+/// products then take bf16 operands as `bf16_linear`'s do. Gradients are
+/// made for the inputs that track one (none for a frozen head).
+///
+/// # Panics
+/// When `head16` does not hold `V * C` values (a bug in the caller).
+pub fn host_head_cross_entropy_sum(
+    x: Tensor<2>,
+    head: Tensor<2>,
+    head16: Option<Arc<[half::bf16]>>,
+    targets: &[usize],
+    chunk_rows: usize,
+) -> Result<Tensor<1>, UnsupportedTensor> {
+    let [vocab, hidden] = head.dims();
+    if let Some(copy) = &head16 {
+        assert_eq!(
+            copy.len(),
+            vocab * hidden,
+            "head cross-entropy: the head's bf16 copy has another shape"
+        );
+    }
+    if !is_cpu(&x.device()) {
+        return Err(UnsupportedTensor(
+            "the host head cross-entropy runs on the CPU".into(),
+        ));
+    }
+    if x.dims()[0] != targets.len() || targets.iter().any(|&t| t >= vocab) {
+        return Err(UnsupportedTensor(format!(
+            "head cross-entropy: {} rows for {} targets below {vocab}",
+            x.dims()[0],
+            targets.len()
+        )));
+    }
+    let op = head::HeadCrossEntropy {
+        targets: Arc::new(targets.to_vec()),
+        head16,
+        chunk_rows,
+        // Set from the graph by `apply` (`HostOp::tracking`).
+        grads: [false; 2],
+    };
+    apply(op, [x, head])
 }
 
 /// The CubeCL body (`cube.rs`), or with no row, or in a build without GPU

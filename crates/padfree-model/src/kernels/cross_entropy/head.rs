@@ -1,0 +1,414 @@
+//! The LM head and its cross-entropy in one host op: the logits made a
+//! chunk of rows at a time, and each chunk's gradients (`dx = dz W`,
+//! `dW += dz^T x` with `dz = softmax - one_hot`) made at once in the
+//! forward pass, so that no `[K, V]` tensor outlives its chunk.
+//!
+//! Through [`super::cross_entropy_sum`] of a [`super::super::linear`]
+//! product (the oracle here) the graph keeps the `[K, V]` logits for the
+//! backward pass and makes `[K, V]` of their gradient there, both at the
+//! step's memory peak, when every decoder activation is still held: at
+//! SmolLM2's 49,152 tokens of vocabulary and 2,870 labelled rows that is
+//! 2 x 564 MB. This op keeps `dx` (`[K, C]`) and, when the head trains, `dW`
+//! (`[V, C]`, 113 MB at SmolLM2) instead, and one chunk of logits
+//! (`HEAD_CHUNK_BYTES`) while it runs. The loss is the last op of the
+//! graph, so its upstream gradient is one scalar: the backward pass only
+//! scales what the forward pass made. The products are those of the
+//! unfused path (same FLOPs; `dW` added chunk by chunk), in f32 or, under
+//! `--bf16`, with bf16 operands as [`super::super::bf16_linear`] makes
+//! them (the logits rounded to bf16, `dz` rounded as the products read
+//! it: before the upstream scale, where the unfused path rounds after it;
+//! the two agree exactly when that scale is a power of two). The GPU's
+//! counterpart (`cube.rs`) keeps no gradient and makes the logits again in
+//! its backward pass: a GPU has memory bandwidth to spare and
+//! less memory; here one more head product would cost ~7% of a SmolLM2
+//! step.
+//!
+//! # Shapes
+//! `K` labelled rows, `C` hidden size, `V` vocabulary: `x` `[K, C]`, the
+//! head `[V, C]`, `targets` `[K]`.
+
+use std::sync::Arc;
+
+use half::bf16;
+use rayon::prelude::*;
+
+use super::super::bf16::rounded;
+use super::super::gemm::{self, View, Write};
+use super::super::gemm_bf16::{self, View16};
+use super::super::host_op::{HostOp, HostOutput, HostTensor};
+use super::super::simd;
+use super::{ROWS_PER_TASK, log_sum_exp};
+
+/// The loss and the gradients the forward pass made.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HeadLoss {
+    /// Summed `-log softmax(x W^T)[target]` over the rows.
+    pub loss: f64,
+    /// `[K, C]`, of the loss itself (upstream gradient 1); empty unless asked.
+    pub dx: Vec<f32>,
+    /// `[V, C]`, likewise.
+    pub dw: Vec<f32>,
+}
+
+/// The head's operands: f32, or `--bf16`'s copy of the head.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Head<'a> {
+    F32(&'a [f32]),
+    /// `[V, C]` bf16 copy; `x` and `dz` are rounded as they are read.
+    Bf16(&'a [bf16]),
+}
+
+/// The summed loss of `x W^T` against `targets`, and (as `grads` asks:
+/// `[dx, dW]`) its gradients, `chunk_rows` rows at a time.
+///
+/// # Panics
+/// When a slice is shorter than its shape, or a target is `>= vocab`
+/// (callers check labels against the vocabulary first).
+pub(crate) fn head_loss(
+    x: &[f32],
+    head: Head<'_>,
+    targets: &[usize],
+    [hidden, vocab]: [usize; 2],
+    chunk_rows: usize,
+    grads: [bool; 2],
+) -> HeadLoss {
+    let rows = targets.len();
+    let chunk_rows = chunk_rows.clamp(1, rows.max(1));
+    let mut logits = vec![0.0f32; chunk_rows * vocab];
+    let mut losses = vec![0.0f64; chunk_rows];
+    let mut dx = if grads[0] {
+        vec![0.0f32; rows * hidden]
+    } else {
+        Vec::new()
+    };
+    let mut dw = if grads[1] {
+        vec![0.0f32; vocab * hidden]
+    } else {
+        Vec::new()
+    };
+    let mut loss = 0.0f64;
+    let rounds = matches!(head, Head::Bf16(_));
+    for (at, start) in (0..rows).step_by(chunk_rows).enumerate() {
+        let n = chunk_rows.min(rows - start);
+        let xc = &x[start * hidden..(start + n) * hidden];
+        let z = &mut logits[..n * vocab];
+        match head {
+            Head::F32(w) => gemm::product_into(
+                z,
+                vocab,
+                View::row_major(xc, n, hidden),
+                View::row_major(w, vocab, hidden).t(),
+                Write::Set,
+            ),
+            Head::Bf16(w) => gemm_bf16::product_into(
+                z,
+                vocab,
+                View16::f32(xc, n, hidden),
+                View16::bf16(w, vocab, hidden).t(),
+                Write::Set,
+            ),
+        }
+        let softmax = grads[0] || grads[1];
+        let targets = &targets[start..start + n];
+        z.par_chunks_mut(ROWS_PER_TASK * vocab)
+            .zip(losses[..n].par_chunks_mut(ROWS_PER_TASK))
+            .zip(targets.par_chunks(ROWS_PER_TASK))
+            .for_each(|((z, losses), targets)| {
+                let rows = z.chunks_exact_mut(vocab).zip(losses.iter_mut());
+                for ((row, loss), &target) in rows.zip(targets) {
+                    *loss = softmax_row(row, target, rounds, softmax);
+                }
+            });
+        // In row order, so the sum does not depend on the threads.
+        loss += losses[..n].iter().sum::<f64>();
+        let z = &logits[..n * vocab];
+        if grads[0] {
+            let dst = &mut dx[start * hidden..(start + n) * hidden];
+            match head {
+                Head::F32(w) => gemm::product_into(
+                    dst,
+                    hidden,
+                    View::row_major(z, n, vocab),
+                    View::row_major(w, vocab, hidden),
+                    Write::Set,
+                ),
+                Head::Bf16(w) => gemm_bf16::product_into(
+                    dst,
+                    hidden,
+                    View16::f32(z, n, vocab),
+                    View16::bf16(w, vocab, hidden),
+                    Write::Set,
+                ),
+            }
+        }
+        if grads[1] {
+            let write = if at == 0 { Write::Set } else { Write::Add(1.0) };
+            match head {
+                Head::F32(_) => gemm::product_into(
+                    &mut dw,
+                    hidden,
+                    View::row_major(z, n, vocab).t(),
+                    View::row_major(xc, n, hidden),
+                    write,
+                ),
+                Head::Bf16(_) => gemm_bf16::product_into(
+                    &mut dw,
+                    hidden,
+                    View16::f32(z, n, vocab).t(),
+                    View16::f32(xc, n, hidden),
+                    write,
+                ),
+            }
+        }
+    }
+    HeadLoss { loss, dx, dw }
+}
+
+/// One row of logits: rounded to bf16 when `rounds` (as the bf16 linear
+/// op rounds its output), then, when `softmax`, overwritten by
+/// `softmax - one_hot(target)`; returns the row's `lse - z[target]`.
+fn softmax_row(row: &mut [f32], target: usize, rounds: bool, softmax: bool) -> f64 {
+    simd::dispatch(
+        #[inline(always)]
+        || {
+            if rounds {
+                for z in row.iter_mut() {
+                    *z = rounded(*z);
+                }
+            }
+        },
+    );
+    let lse = log_sum_exp(row);
+    let loss = f64::from(lse - row[target]);
+    if softmax {
+        simd::dispatch(
+            #[inline(always)]
+            || {
+                for z in row.iter_mut() {
+                    *z = simd::exp(*z - lse);
+                }
+            },
+        );
+        row[target] -= 1.0;
+    }
+    loss
+}
+
+/// The op in burn's graph: inputs `[x, head]`, output the `[1]` loss; it
+/// keeps only what its forward pass made (`dx` then `dW`).
+#[derive(Debug, Clone)]
+pub(super) struct HeadCrossEntropy {
+    pub targets: Arc<Vec<usize>>,
+    /// `--bf16`: the head's bf16 copy, made once per optimizer step.
+    pub head16: Option<Arc<[bf16]>>,
+    pub chunk_rows: usize,
+    /// Which gradients to make, `[x, head]`: those the graph tracks, as
+    /// `host_op` tells the op before its forward pass.
+    pub grads: [bool; 2],
+}
+
+impl HostOp<2> for HeadCrossEntropy {
+    const KEEPS_OUTPUT: bool = false;
+    const KEEPS_INPUTS: bool = false;
+
+    fn tracking(self, grads: [bool; 2]) -> Self {
+        Self { grads, ..self }
+    }
+
+    fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {
+        let (hidden, vocab) = (x.shape[1], w.shape[0]);
+        let head = match &self.head16 {
+            Some(copy) => Head::Bf16(copy),
+            None => Head::F32(w.values),
+        };
+        let HeadLoss { loss, dx, mut dw } = head_loss(
+            x.values,
+            head,
+            &self.targets,
+            [hidden, vocab],
+            self.chunk_rows,
+            self.grads,
+        );
+        let mut saved = dx;
+        saved.append(&mut dw);
+        HostOutput {
+            values: vec![loss as f32],
+            shape: vec![1],
+            saved,
+        }
+    }
+
+    fn backward(
+        &self,
+        [x, w]: [HostTensor<'_>; 2],
+        _output: &[f32],
+        saved: &[f32],
+        d_out: &[f32],
+        needed: [bool; 2],
+    ) -> [Vec<f32>; 2] {
+        let d_loss = d_out.first().copied().unwrap_or(0.0);
+        let dx_len = if self.grads[0] {
+            x.shape.iter().product()
+        } else {
+            0
+        };
+        let (dx, dw) = saved.split_at(dx_len.min(saved.len()));
+        let scaled = |made: bool, values: &[f32], shape: &[usize]| {
+            // The graph asks for the gradients of the inputs it tracks,
+            // the ones `tracking` named: a gradient asked for and not made
+            // is a bug, never a zero.
+            assert!(
+                made && values.len() == shape.iter().product::<usize>(),
+                "head cross-entropy: a gradient the forward pass did not make is needed"
+            );
+            values.par_iter().map(|&g| g * d_loss).collect()
+        };
+        [
+            if needed[0] {
+                scaled(self.grads[0], dx, x.shape)
+            } else {
+                Vec::new()
+            },
+            if needed[1] {
+                scaled(self.grads[1], dw, w.shape)
+            } else {
+                Vec::new()
+            },
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::bf16::round_slice;
+    use crate::kernels::test_util::{assert_within, random};
+    use crate::kernels::{bf16_linear, cross_entropy_sum, fused_linear};
+    use crate::tensor::{
+        IntoHostVec, Tensor, backward, cpu_device, float_tensor, frozen, grad, trainable,
+    };
+
+    /// Loss and gradients through the op, or through the unfused oracle
+    /// (the linear op, then the cross-entropy op), with `d_loss` upstream.
+    fn run(
+        [k, c, v]: [usize; 3],
+        bf16: bool,
+        fused: Option<usize>,
+        head_trains: bool,
+        d_loss: f32,
+    ) -> (f32, Vec<f32>, Option<Vec<f32>>) {
+        let device = cpu_device(true);
+        let (x0, w0) = (random(k * c, 11), random(v * c, 12));
+        let targets: Vec<usize> = (0..k).map(|i| (i * 7 + 3) % v).collect();
+        let leaf = trainable(float_tensor(x0, [k, c], &device));
+        // Made by an op, as the model's hidden states are: tracked, not a
+        // leaf (burn's `is_require_grad` is false for it).
+        let x = leaf.clone().mul_scalar(1.0);
+        let w = float_tensor(w0.clone(), [v, c], &device);
+        let w = if head_trains { trainable(w) } else { frozen(w) };
+        let copy: Option<Arc<[bf16]>> = bf16.then(|| round_slice(&w0).into());
+        let loss: Tensor<1> = match fused {
+            Some(chunk_rows) => super::super::host_head_cross_entropy_sum(
+                x.clone(),
+                w.clone(),
+                copy,
+                &targets,
+                chunk_rows,
+            )
+            .expect("the op runs on the CPU"),
+            None => {
+                let logits = match copy {
+                    Some(copy) => bf16_linear(x.clone(), w.clone(), copy),
+                    None => fused_linear(x.clone(), w.clone()),
+                }
+                .expect("the linear op runs on the CPU");
+                cross_entropy_sum(logits, &targets).expect("the loss op runs on the CPU")
+            }
+        };
+        let value = loss.clone().into_vec()[0];
+        let grads = backward(&loss.mul_scalar(d_loss));
+        let dx = grad(&leaf, &grads).expect("dx").into_vec();
+        let dw = grad(&w, &grads).map(IntoHostVec::into_vec);
+        (value, dx, dw)
+    }
+
+    /// The op against the unfused oracle: loss, `dx` and `dW`, head
+    /// trainable and frozen, chunks of 1 row, of a row count that does not
+    /// divide `K`, and of more rows than `K`. f32: the same products, `dW`
+    /// added over chunks in another order and the upstream scale applied
+    /// after rather than before the products (1e-5 of the largest value).
+    /// bf16: the upstream scale is a power of two, so rounding `dz` before
+    /// or after it is the same; 1e-5 likewise.
+    #[test]
+    fn op_matches_the_linear_then_cross_entropy_oracle() {
+        for &bf16 in &[false, true] {
+            for shape in [[5, 8, 11], [37, 48, 300]] {
+                for head_trains in [true, false] {
+                    let d_loss = if bf16 { 0.25 } else { 1.0 / 3.0 };
+                    let oracle = run(shape, bf16, None, head_trains, d_loss);
+                    for chunk_rows in [1, 7, 64] {
+                        let case = format!(
+                            "{shape:?} bf16 {bf16} head trains {head_trains} chunk {chunk_rows}"
+                        );
+                        let ours = run(shape, bf16, Some(chunk_rows), head_trains, d_loss);
+                        assert!(
+                            (ours.0 - oracle.0).abs() <= 1e-5 * oracle.0.abs(),
+                            "{case}: loss {} vs {}",
+                            ours.0,
+                            oracle.0
+                        );
+                        assert_within(&format!("{case}: dx"), &ours.1, &oracle.1, 1e-5);
+                        assert_eq!(ours.2.is_some(), head_trains, "{case}: dW iff it trains");
+                        if let (Some(a), Some(b)) = (&ours.2, &oracle.2) {
+                            assert_within(&format!("{case}: dW"), a, b, 1e-5);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The host kernel against the textbook loss and gradients in f64, one
+    /// row at a time: `dW[v] = sum_k (p_kv - [t_k = v]) x_k`.
+    #[test]
+    fn kernel_matches_the_f64_definition() {
+        let (k, c, v) = (9, 6, 13);
+        let (x, w) = (random(k * c, 3), random(v * c, 4));
+        let targets: Vec<usize> = (0..k).map(|i| (i * 5) % v).collect();
+        let ours = head_loss(&x, Head::F32(&w), &targets, [c, v], 4, [true, true]);
+        let (mut loss, mut dx, mut dw) = (0.0f64, vec![0.0f64; k * c], vec![0.0f64; v * c]);
+        for (row, &t) in targets.iter().enumerate() {
+            let xr = &x[row * c..(row + 1) * c];
+            let z: Vec<f64> = (0..v)
+                .map(|j| {
+                    let wr = &w[j * c..(j + 1) * c];
+                    xr.iter()
+                        .zip(wr)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum()
+                })
+                .collect();
+            let norm: f64 = z.iter().map(|z| z.exp()).sum();
+            loss += norm.ln() - z[t];
+            for (j, &zj) in z.iter().enumerate() {
+                let dz = zj.exp() / norm - f64::from(u8::from(j == t));
+                for i in 0..c {
+                    dx[row * c + i] += dz * f64::from(w[j * c + i]);
+                    dw[j * c + i] += dz * f64::from(xr[i]);
+                }
+            }
+        }
+        assert!(
+            (ours.loss - loss).abs() <= 1e-5 * loss,
+            "{} vs {loss}",
+            ours.loss
+        );
+        let narrow = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<_>>();
+        assert_within("dx", &ours.dx, &narrow(dx), 1e-5);
+        assert_within("dW", &ours.dw, &narrow(dw), 1e-5);
+        // Without gradients: the same loss, nothing else made.
+        let bare = head_loss(&x, Head::F32(&w), &targets, [c, v], 4, [false, false]);
+        assert_eq!(bare.loss, ours.loss);
+        assert!(bare.dx.is_empty() && bare.dw.is_empty());
+    }
+}
