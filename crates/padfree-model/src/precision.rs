@@ -45,8 +45,8 @@ impl Precision {
     }
 
     /// What computes the bf16 products on this CPU, for the log: the
-    /// AVX512-BF16 kernel, or (without those instructions) f32 products of
-    /// the bf16 values, which round as bf16 does but run no faster.
+    /// AVX512-BF16 kernel, or f32 products of the bf16 values, which round
+    /// as bf16 does but run no faster (see [`Self::cpu_widened_because`]).
     pub fn cpu_matmul_body() -> &'static str {
         gemm_bf16::body().name()
     }
@@ -54,6 +54,13 @@ impl Precision {
     /// Whether this CPU computes bf16 products with bf16 instructions.
     pub fn cpu_has_bf16_instructions() -> bool {
         gemm_bf16::body() == gemm_bf16::Body::Avx512Bf16
+    }
+
+    /// Why `--bf16` multiplies in f32 on this CPU (no AVX512-BF16, an
+    /// Intel CPU, or `PADFREE_BF16_MATMUL=widened`), for a note in the
+    /// log; `None` where it runs the bf16 instructions.
+    pub fn cpu_widened_because() -> Option<&'static str> {
+        gemm_bf16::widened_because()
     }
 }
 

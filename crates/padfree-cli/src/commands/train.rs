@@ -230,10 +230,10 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             "precision: bf16 matmul operands, f32 accumulation ({}); {kept}",
             model.bf16_matmul_body()
         );
-        if model.on_cpu() && !padfree_model::Precision::cpu_has_bf16_instructions() {
-            say!(
-                "NOTE: this CPU has no AVX512-BF16: --bf16 rounds as bf16 does but multiplies in f32, so it runs no faster than f32"
-            );
+        if model.on_cpu()
+            && let Some(why) = padfree_model::Precision::cpu_widened_because()
+        {
+            say!("NOTE: {why}");
         }
     }
     print_packing(&trainer, &config);

@@ -12,17 +12,24 @@
 //!   112 on rayon's threads. Each output value sums its
 //!   K products in one fixed order whatever the thread count, so results do
 //!   not depend on it.
-//! - `widened` (every other CPU, and the oracle): the bf16 operands widened
-//!   to f32 (exactly) and multiplied by the f32 gemm (`kernels/gemm.rs`).
-//!   The result is then the f32 product of the bf16-rounded operands, which
-//!   is what the fast body computes up to the order of its f32 sums.
+//! - `widened` (every other CPU, Intel's by default, and the oracle): the
+//!   bf16 operands widened to f32 (exactly) and multiplied by the f32 gemm
+//!   (`kernels/gemm.rs`). The result is then the f32 product of the
+//!   bf16-rounded operands, which is what the fast body computes up to the
+//!   order of its f32 sums.
+//!
+//! Intel's cores have AVX512-BF16 too, but run `vdpbf16ps` on one port
+//! beside two f32 FMA units: measured there, the fast body ran at half the
+//! widened body's speed, so [`choose`] takes the widened body on Intel
+//! (`PADFREE_BF16_MATMUL=avx512-bf16` forces the other).
 //!
 //! AMX-BF16 (Sapphire Rapids) is not here: its intrinsics and its
 //! `is_x86_feature_detected!("amx-bf16")` are unstable in Rust 1.95, and no
 //! machine of ours has AMX to test a hand-written `asm!` body on.
 //!
 //! `PADFREE_BF16_MATMUL=widened` forces the portable body (A/B runs, and to
-//! rule the fast body out when results look wrong).
+//! rule the fast body out when results look wrong), `=avx512-bf16` the
+//! fast one where the CPU has the instructions.
 //!
 //! Its rooms: `operand.rs` (the views the products read, and the element
 //! types they hold), `widened.rs` (the portable body), `packed.rs` (the
@@ -56,7 +63,7 @@ impl Body {
     pub fn name(self) -> &'static str {
         match self {
             Self::Avx512Bf16 => "avx512-bf16",
-            Self::Widened => "widened to f32 (no AVX512-BF16)",
+            Self::Widened => "widened to f32",
         }
     }
 
@@ -83,18 +90,76 @@ fn has_avx512_bf16() -> bool {
     }
 }
 
-/// The body this process uses: the fast one where the CPU has it, unless
-/// `PADFREE_BF16_MATMUL=widened`.
+/// The body this process uses ([`choose`]), decided once.
 pub fn body() -> Body {
-    static BODY: OnceLock<Body> = OnceLock::new();
-    *BODY.get_or_init(|| {
-        let forced = std::env::var("PADFREE_BF16_MATMUL").is_ok_and(|v| v == "widened");
-        if !forced && Body::Avx512Bf16.available() {
-            Body::Avx512Bf16
-        } else {
-            Body::Widened
-        }
+    choice().0
+}
+
+/// Why this process multiplies bf16 values in f32 (the widened body), for
+/// a one-line note in the log; `None` when it runs `vdpbf16ps`.
+pub fn widened_because() -> Option<&'static str> {
+    choice().1
+}
+
+fn choice() -> (Body, Option<&'static str>) {
+    static CHOICE: OnceLock<(Body, Option<&'static str>)> = OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let forced = std::env::var("PADFREE_BF16_MATMUL").ok();
+        choose(
+            forced.as_deref(),
+            Body::Avx512Bf16.available(),
+            packed::cpu_is_intel(),
+        )
     })
+}
+
+/// The body for a `PADFREE_BF16_MATMUL` setting (`widened`,
+/// `avx512-bf16`; unset or anything else: by the CPU), a CPU with or without AVX512-BF16, by Intel
+/// or not, and why when it is the widened one. From the CPU alone, never
+/// from a timing, so that every process on a machine (a resumed run)
+/// computes the same bits.
+///
+/// Intel's cores run `vdpbf16ps` on one port where they have two FMA
+/// units, so it promises no more FLOPs a cycle than f32 FMA; measured on
+/// an Intel Xeon (family 6, model 207, 2 cores, no AMX exposed) the
+/// `vdpbf16ps` body ran the 1024^3 calibration product at 127.5 GFLOP/s
+/// against the widened body's 259.7, and SmolLM2-135M trained at 128-130
+/// real tokens/s against 165 (f32: 214-237). On AMD Zen 4 the same body
+/// ran 1.66x f32 (docs/benchmarks/2026-12-03-bf16.md).
+pub fn choose(
+    forced: Option<&str>,
+    has_avx512_bf16: bool,
+    intel: bool,
+) -> (Body, Option<&'static str>) {
+    match forced {
+        Some("widened") => {
+            return (
+                Body::Widened,
+                Some(
+                    "PADFREE_BF16_MATMUL=widened: --bf16 rounds as bf16 does but multiplies in f32",
+                ),
+            );
+        }
+        Some("avx512-bf16") if has_avx512_bf16 => return (Body::Avx512Bf16, None),
+        _ => {}
+    }
+    if !has_avx512_bf16 {
+        (
+            Body::Widened,
+            Some(
+                "this CPU has no AVX512-BF16: --bf16 rounds as bf16 does but multiplies in f32, so it runs no faster than f32",
+            ),
+        )
+    } else if intel && forced != Some("avx512-bf16") {
+        (
+            Body::Widened,
+            Some(
+                "Intel CPUs run vdpbf16ps on one port beside two FMA units (measured at half the widened body's speed): --bf16 rounds as bf16 does but multiplies in f32; PADFREE_BF16_MATMUL=avx512-bf16 forces vdpbf16ps",
+            ),
+        )
+    } else {
+        (Body::Avx512Bf16, None)
+    }
 }
 
 /// `a b` in a fresh row-major `[M, N]` buffer.
@@ -188,6 +253,40 @@ fn check(a: View16<'_>, b: View16<'_>) {
 
 #[cfg(test)]
 mod tests {
+    /// The choice from the CPU and the setting: the fast body only with
+    /// the instructions, on Intel only when forced; widened always says why.
+    #[test]
+    fn the_body_is_chosen_from_the_cpu_and_the_setting() {
+        use super::{Body, choose};
+        let cases = [
+            // (setting, has AVX512-BF16, Intel) -> body
+            (None, true, false, Body::Avx512Bf16),
+            (None, true, true, Body::Widened),
+            (None, false, false, Body::Widened),
+            (None, false, true, Body::Widened),
+            (Some("auto"), true, true, Body::Widened),
+            (Some("avx512-bf16"), true, true, Body::Avx512Bf16),
+            (Some("avx512-bf16"), false, false, Body::Widened),
+            (Some("widened"), true, false, Body::Widened),
+        ];
+        for (setting, has, intel, expected) in cases {
+            let (body, why) = choose(setting, has, intel);
+            let case = format!("{setting:?}, AVX512-BF16 {has}, Intel {intel}");
+            assert_eq!(body, expected, "{case}");
+            assert_eq!(why.is_some(), body == Body::Widened, "{case}: {why:?}");
+        }
+        assert!(
+            choose(None, false, true)
+                .1
+                .is_some_and(|w| w.contains("no AVX512-BF16"))
+        );
+        assert!(
+            choose(None, true, true)
+                .1
+                .is_some_and(|w| w.contains("Intel"))
+        );
+    }
+
     use half::bf16;
 
     use super::*;

@@ -21,6 +21,23 @@ const MC: usize = MR * 8;
 /// Products this small run on the calling thread (as `kernels/gemm.rs`).
 const PARALLEL_OPS: usize = 192 * 192 * 192;
 
+/// Whether CPUID's vendor string is Intel's (`GenuineIntel`).
+pub(super) fn cpu_is_intel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU; the intrinsic is
+        // an `unsafe fn` in some Rust versions only.
+        #[allow(unused_unsafe)]
+        let id = unsafe { std::arch::x86_64::__cpuid(0) };
+        let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes);
+        vendor.concat() == b"GenuineIntel"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The fast body: pack, then micro-tiles of `vdpbf16ps`.
 pub(super) fn packed(
     dst: &mut [f32],
