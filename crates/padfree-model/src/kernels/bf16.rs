@@ -86,6 +86,14 @@ pub(crate) fn round_in_place(values: &mut [f32]) {
     }
 }
 
+/// A copy of `values` rounded to bf16 (kept as f32): an operand two
+/// products read, rounded once ([`super::gemm_bf16::View16::rounded`]).
+pub(crate) fn rounded_copy(values: &[f32]) -> Vec<f32> {
+    let mut out = values.to_vec();
+    round_in_place(&mut out);
+    out
+}
+
 /// `values` rounded to bf16 and stored two to an f32 slot (bit for bit,
 /// low half first): how a host op's `saved` buffer (f32 slots) keeps an
 /// activation for the backward pass in half the memory.

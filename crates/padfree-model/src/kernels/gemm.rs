@@ -55,6 +55,33 @@ impl<'a> View<'a> {
         }
     }
 
+    /// `data` as a `[rows, cols]` matrix with element `(i, j)` at
+    /// `i * row_stride + j * col_stride`.
+    ///
+    /// # Panics
+    /// When the last element lies past `data` (a bug in the caller).
+    pub fn strided(
+        data: &'a [f32],
+        (rows, row_stride): (usize, usize),
+        (cols, col_stride): (usize, usize),
+    ) -> Self {
+        if rows > 0 && cols > 0 {
+            let last = (rows - 1) * row_stride + (cols - 1) * col_stride;
+            assert!(
+                last < data.len(),
+                "gemm view: {} values for [{rows}, {cols}] with strides {row_stride}, {col_stride}",
+                data.len()
+            );
+        }
+        Self {
+            data,
+            rows,
+            cols,
+            row_stride,
+            col_stride,
+        }
+    }
+
     /// The transpose, without a copy.
     pub fn t(self) -> Self {
         Self {

@@ -79,7 +79,7 @@ pub use lora_linear::{
 pub use quant_matmul::{
     bf16_quant_linear, composed_bf16_quant_linear, composed_quant_linear, quant_linear,
 };
-pub use rms_norm::{composed_rms_norm, rms_norm};
+pub use rms_norm::{bf16_rms_norm, composed_rms_norm, rms_norm};
 pub use rope::{RopeTables, composed_rope, rope};
 #[cfg(feature = "cube")]
 pub use sum_squares::fused_sums_of_squares;

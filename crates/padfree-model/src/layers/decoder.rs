@@ -94,13 +94,20 @@ impl<'a> DecoderLayer<'a> {
         rope: &Rope,
         layout: &AttentionLayout<'_>,
     ) -> Result<Tensor<2>, ModelError> {
-        let h = x.clone()
-            + self
-                .self_attn
-                .forward(self.input_layernorm.forward(x)?, rope, layout)?;
-        Ok(h.clone()
-            + self
-                .mlp
-                .forward(self.post_attention_layernorm.forward(h)?)?)
+        // Under `--bf16` on the CPU a norm read only by bf16 matmuls hands
+        // them its output rounded, which they read without a copy.
+        let attn = &self.self_attn;
+        let rounded = [&attn.q_proj, &attn.k_proj, &attn.v_proj]
+            .iter()
+            .all(|p| p.reads_only_rounded_input());
+        let normed = self.input_layernorm.forward_rounded(x.clone(), rounded)?;
+        let h = x + attn.forward(normed, rope, layout)?;
+        let rounded = [&self.mlp.gate_proj, &self.mlp.up_proj]
+            .iter()
+            .all(|p| p.reads_only_rounded_input());
+        let normed = self
+            .post_attention_layernorm
+            .forward_rounded(h.clone(), rounded)?;
+        Ok(h + self.mlp.forward(normed)?)
     }
 }

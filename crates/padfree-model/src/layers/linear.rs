@@ -70,6 +70,17 @@ impl<'a> Linear<'a> {
         self.bf16
     }
 
+    /// Whether the layer reads nothing of its input but the input's bf16
+    /// rounding: `--bf16` on the CPU with a dense weight and no adapter
+    /// (LoRA's dropout scales the input before it is rounded; a GGUF
+    /// base is read by its own kernel).
+    pub fn reads_only_rounded_input(&self) -> bool {
+        self.bf16
+            && self.adapter.is_none()
+            && self.quantized.is_none()
+            && self.device_copy.is_none()
+    }
+
     /// The GPU's 16-bit float when this layer multiplies in it (`--bf16`
     /// on a GPU); `None` in f32 and on the CPU.
     pub fn device_half(&self) -> Option<HalfFloat> {

@@ -1,5 +1,5 @@
 use crate::error::ModelError;
-use crate::kernels::rms_norm;
+use crate::kernels::{bf16_rms_norm, rms_norm};
 use crate::tensor::Tensor;
 use crate::weights::table::Param;
 
@@ -20,5 +20,15 @@ impl<'a> RmsNorm<'a> {
     /// `[N, C] -> [N, C]`, through the fused kernel (`kernels/rms_norm.rs`).
     pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
         Ok(rms_norm(x, self.weight.value.clone(), self.eps)?)
+    }
+
+    /// [`Self::forward`], its output rounded to bf16 when `round` (every
+    /// reader a `--bf16` matmul on the CPU, which reads only that:
+    /// `kernels::bf16_rms_norm`).
+    pub fn forward_rounded(&self, x: Tensor<2>, round: bool) -> Result<Tensor<2>, ModelError> {
+        if !round {
+            return self.forward(x);
+        }
+        Ok(bf16_rms_norm(x, self.weight.value.clone(), self.eps)?)
     }
 }

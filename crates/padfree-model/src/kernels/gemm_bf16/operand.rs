@@ -11,12 +11,16 @@ pub(crate) enum Values<'a> {
     /// Rounded to bf16 as they are read.
     F32(&'a [f32]),
     Bf16(&'a [bf16]),
+    /// f32 values that are bf16 values already (a buffer rounded once for
+    /// two products): the widened body reads them where they lie; the
+    /// others round them again, which leaves them as they are.
+    Rounded(&'a [f32]),
 }
 
 impl Values<'_> {
     pub(super) fn len(&self) -> usize {
         match self {
-            Self::F32(v) => v.len(),
+            Self::F32(v) | Self::Rounded(v) => v.len(),
             Self::Bf16(v) => v.len(),
         }
     }
@@ -62,6 +66,19 @@ impl<'a> View16<'a> {
         Self::row_major(Values::F32(values), rows, cols)
     }
 
+    /// A row-major f32 matrix of values rounded to bf16 already.
+    ///
+    /// # Panics
+    /// In builds with debug assertions, when a value is not a bf16 value
+    /// (a bug in the caller: the widened body would read it unrounded).
+    pub fn rounded(values: &'a [f32], rows: usize, cols: usize) -> Self {
+        debug_assert!(
+            values.iter().all(|&x| rounded(x).to_bits() == x.to_bits()),
+            "bf16 gemm: an operand said to be rounded is not"
+        );
+        Self::row_major(Values::Rounded(values), rows, cols)
+    }
+
     /// The transpose, without a copy.
     pub fn t(self) -> Self {
         Self {
@@ -87,6 +104,7 @@ impl<'a> View16<'a> {
         let values = match self.values {
             Values::F32(v) => Values::F32(&v[from(v.len())..]),
             Values::Bf16(v) => Values::Bf16(&v[from(v.len())..]),
+            Values::Rounded(v) => Values::Rounded(&v[from(v.len())..]),
         };
         Self {
             values,
@@ -100,7 +118,7 @@ impl<'a> View16<'a> {
     pub(super) fn widened(&self, i: usize, j: usize) -> f32 {
         let at = i * self.row_stride + j * self.col_stride;
         match self.values {
-            Values::F32(v) => rounded(v[at]),
+            Values::F32(v) | Values::Rounded(v) => rounded(v[at]),
             Values::Bf16(v) => widen(v[at]),
         }
     }
@@ -137,11 +155,12 @@ impl Element for bf16 {
 }
 
 /// Runs `$body` with `$v` bound to the operand's slice, whichever element
-/// type it holds (the body is compiled once for each).
+/// type it holds (the body is compiled once for each; rounded f32 values
+/// are read as f32 ones, rounding being the identity on them).
 macro_rules! with_values {
     ($values:expr, $v:ident => $body:expr) => {
         match $values {
-            Values::F32($v) => $body,
+            Values::F32($v) | Values::Rounded($v) => $body,
             Values::Bf16($v) => $body,
         }
     };

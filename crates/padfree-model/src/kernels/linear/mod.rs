@@ -16,7 +16,7 @@ use burn::tensor::FloatDType;
 use half::bf16;
 
 use super::attention::is_cpu;
-use super::bf16::{load, round_in_place, store};
+use super::bf16::{load, round_in_place, rounded_copy, store};
 use super::gemm::{View, product};
 use super::gemm_bf16::{self, View16};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
@@ -200,7 +200,15 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
         needed: [bool; 2],
     ) -> [Vec<f32>; 2] {
         let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
-        let dy = View16::f32(d_out, n, o);
+        // `dy` rounded once for both products where the body would widen
+        // it for each.
+        let shared;
+        let dy = if needed == [true, true] && gemm_bf16::rounds_shared_operands_once() {
+            shared = rounded_copy(d_out);
+            View16::rounded(&shared, n, o)
+        } else {
+            View16::f32(d_out, n, o)
+        };
         let dx = if needed[0] {
             gemm_bf16::product(dy, View16::bf16(&self.weight16, o, c))
         } else {
@@ -208,13 +216,14 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
         };
         let dw = if needed[1] {
             let loaded;
-            let x_values = if STORES_INPUT {
+            let x_view = if STORES_INPUT {
+                // Stored as bf16: its widened values are rounded already.
                 loaded = load(saved, n * c);
-                &loaded
+                View16::rounded(&loaded, n, c)
             } else {
-                x.values
+                View16::f32(x.values, n, c)
             };
-            gemm_bf16::product(dy.t(), View16::f32(x_values, n, c))
+            gemm_bf16::product(dy.t(), x_view)
         } else {
             Vec::new()
         };

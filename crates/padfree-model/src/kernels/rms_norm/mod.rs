@@ -13,6 +13,7 @@
 use burn::tensor::Tensor;
 
 use super::attention::is_cpu;
+use super::bf16::round_in_place;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use rayon::prelude::*;
 
@@ -30,7 +31,42 @@ pub fn rms_norm(x: Tensor<2>, weight: Tensor<2>, eps: f64) -> Result<Tensor<2>, 
     if !is_cpu(&x.device()) {
         return gpu_rms_norm([x, weight], eps);
     }
-    apply(RmsNorm { eps: eps as f32 }, [x, weight])
+    apply(
+        RmsNorm {
+            eps: eps as f32,
+            round: false,
+        },
+        [x, weight],
+    )
+}
+
+/// [`rms_norm`] with its output rounded to bf16 (kept as f32), for a norm
+/// whose every reader is a `--bf16` matmul on the CPU: those read only the
+/// rounded values, so no product changes, and the widened body reads the
+/// output where it lies instead of widening a rounded copy of it for each
+/// product (`gemm_bf16/widened.rs`). The gradient is the unrounded norm's,
+/// as autocast's cast to bf16 passes it straight through.
+///
+/// # Errors
+/// On a GPU (its projections cast their input to 16 bits themselves).
+pub fn bf16_rms_norm(
+    x: Tensor<2>,
+    weight: Tensor<2>,
+    eps: f64,
+) -> Result<Tensor<2>, UnsupportedTensor> {
+    if !is_cpu(&x.device()) {
+        return Err(UnsupportedTensor(
+            "the norm rounded to bf16 is the CPU's (`--bf16` on a GPU casts in the projections)"
+                .into(),
+        ));
+    }
+    apply(
+        RmsNorm {
+            eps: eps as f32,
+            round: true,
+        },
+        [x, weight],
+    )
 }
 
 #[cfg(feature = "cube")]
@@ -53,6 +89,8 @@ pub fn composed_rms_norm(x: Tensor<2>, weight: Tensor<2>, eps: f64) -> Tensor<2>
 #[derive(Debug, Clone)]
 struct RmsNorm {
     eps: f32,
+    /// The output rounded to bf16 ([`bf16_rms_norm`]).
+    round: bool,
 }
 
 impl HostOp<2> for RmsNorm {
@@ -60,7 +98,10 @@ impl HostOp<2> for RmsNorm {
 
     /// Saves each row's `1 / rms`.
     fn forward(&self, [x, weight]: [HostTensor<'_>; 2]) -> HostOutput {
-        let (y, inv_rms) = forward(x.values, weight.values, self.eps);
+        let (mut y, inv_rms) = forward(x.values, weight.values, self.eps);
+        if self.round {
+            round_in_place(&mut y);
+        }
         HostOutput {
             values: y,
             shape: x.shape.to_vec(),
@@ -220,5 +261,66 @@ mod tests {
                 "dw[{index}]: {got} vs {expected}"
             );
         }
+    }
+
+    /// The norm with its output rounded (`--bf16`, every reader a bf16
+    /// matmul) changes nothing those readers compute: a bf16 linear layer
+    /// after it gives the same output and the same gradients of `x`, the
+    /// norm's weight and the layer's weight, bit for bit, as after the
+    /// unrounded norm (the layer rounds its input anyway; rounding is the
+    /// identity on rounded values, and its gradient passes straight
+    /// through). And its output is the unrounded one rounded.
+    #[test]
+    fn the_rounded_norm_changes_nothing_a_bf16_linear_computes() {
+        use std::sync::Arc;
+
+        use crate::kernels::bf16::{round_slice, rounded};
+        use crate::kernels::bf16_linear;
+        use crate::kernels::test_util::random;
+        use crate::tensor::{IntoHostVec, backward, cpu_device, float_tensor, grad, trainable};
+
+        let device = cpu_device(true);
+        let (n, c, o) = (37, 48, 29);
+        let (x0, g0, w0, dy0) = (
+            random(n * c, 11),
+            random(c, 12),
+            random(o * c, 13),
+            random(n * o, 14),
+        );
+        let run = |round: bool| {
+            let x = trainable(float_tensor(x0.clone(), [n, c], &device));
+            let gain = trainable(float_tensor(g0.clone(), [1, c], &device));
+            let w = trainable(float_tensor(w0.clone(), [o, c], &device));
+            let normed = if round {
+                bf16_rms_norm(x.clone(), gain.clone(), 1e-5)
+            } else {
+                rms_norm(x.clone(), gain.clone(), 1e-5)
+            }
+            .expect("on the CPU");
+            let copy: Arc<[half::bf16]> = round_slice(&w0).into();
+            let y = bf16_linear(normed.clone(), w.clone(), copy).expect("on the CPU");
+            let dy = float_tensor(dy0.clone(), [n, o], &device);
+            let grads = backward(&(y.clone() * dy).sum());
+            let values = |t: Option<crate::tensor::Tensor<2>>| t.expect("a gradient").into_vec();
+            (
+                normed.into_vec(),
+                [
+                    y.into_vec(),
+                    values(grad(&x, &grads)),
+                    values(grad(&gain, &grads)),
+                    values(grad(&w, &grads)),
+                ],
+            )
+        };
+        let ((plain, theirs), (rounded_norm, ours)) = (run(false), run(true));
+        for (what, (a, b)) in ["y", "dx", "d gain", "dW"]
+            .iter()
+            .zip(ours.iter().zip(&theirs))
+        {
+            assert_eq!(a, b, "{what}");
+        }
+        let want: Vec<f32> = plain.iter().map(|&v| rounded(v)).collect();
+        assert_eq!(rounded_norm, want, "the output is the norm's, rounded");
+        assert_ne!(rounded_norm, plain, "rounding must show in the output");
     }
 }
