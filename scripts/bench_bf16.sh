@@ -10,7 +10,8 @@
 #   bash scripts/bench_bf16.sh [OUTPUT_DIR] [PEER_PYTHON] [CELLS...]
 #
 # A cell is MODEL-DATA-bBATCH, e.g. smollm2-shipped-b8 (default: six
-# cells, about 45 minutes on 2 cores). Needs the HF peer environment
+# cells, about 45 minutes on 2 cores; `all`: the 12 cells of the
+# batch-shapes grid, then draw them with the `bf16_grid_chart` example). Needs the HF peer environment
 # (.venv-peer/ from bench/hf_peer/setup.sh, or PEER_PYTHON) and PyPI for
 # the SmolLM2 GGUF. Benchmark on a quiet machine.
 set -euo pipefail
@@ -21,6 +22,14 @@ shift $(( $# > 2 ? 2 : $# ))
 cells=("$@")
 if [[ ${#cells[@]} -eq 0 ]]; then
   cells=(smollm2-shipped-b4 smollm2-shipped-b8 smollm2-shipped-b16 medium-shipped-b8 smollm2-short-b8 medium-short-b8)
+elif [[ ${cells[*]} == all ]]; then
+  # The whole grid of the batch-shapes report: 12 cells, about 75 minutes.
+  cells=()
+  for model in smollm2 medium; do
+    for data in shipped short; do
+      for batch in 4 8 16; do cells+=("$model-$data-b$batch"); done
+    done
+  done
 fi
 cargo build --release --locked
 bash scripts/fetch_smollm2.sh
