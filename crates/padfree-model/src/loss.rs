@@ -165,14 +165,14 @@ pub(crate) fn fused_head_cross_entropy_sum(
 }
 
 /// Summed cross-entropy of the labelled rows' hidden states `kept` (`[K,
-/// C]`) through the LM head `head` (`[V, C]`, and under `--bf16` its bf16
-/// copy) in one host op that makes the gradients with the logits, a chunk
+/// C]`) through the LM head `head` (`[V, C]`, and under `--bf16` where its
+/// products read it: `Weight16`) in one host op that makes the gradients with the logits, a chunk
 /// of [`HEAD_CHUNK_BYTES`] at a time (`kernels/cross_entropy/head.rs`):
 /// the CPU's path.
 pub(crate) fn host_head_cross_entropy_sum(
     kept: Tensor<2>,
     head: Tensor<2>,
-    head16: Option<std::sync::Arc<[half::bf16]>>,
+    head16: Option<crate::kernels::Weight16>,
     labels: &LabelRows,
 ) -> Result<LossSum, ModelError> {
     let targets: Vec<usize> = labels.targets.iter().map(|&t| t as usize).collect();

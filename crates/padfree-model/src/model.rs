@@ -10,7 +10,9 @@ use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::input::ModelInput;
 use crate::kernels::dropout::RowKeys;
-use crate::kernels::{AttentionRows, CausalMasks, bf16_linear, fused_linear, half_linear};
+use crate::kernels::{
+    AttentionRows, CausalMasks, Weight16, bf16_linear, fused_linear, half_linear,
+};
 use crate::layers::{
     AttentionKernel, AttentionLayout, DecoderLayer, Embedding, PaddedAttention, RmsNorm, Rope,
 };
@@ -432,11 +434,10 @@ impl LlamaModel {
                 .and_then(|b| b.get_device(self.head_index()));
             return fused_head_cross_entropy_sum(kept, head, head16, labels);
         }
-        let head16 = self
-            .bf16
-            .as_ref()
-            .and_then(|b| b.get(self.head_index()))
-            .cloned();
+        let head16 = self.bf16.as_ref().map(|b| match b.get(self.head_index()) {
+            Some(copy) => Weight16::Copy(copy.clone()),
+            None => Weight16::Master,
+        });
         host_head_cross_entropy_sum(kept, head, head16, labels)
     }
 
@@ -463,10 +464,11 @@ impl LlamaModel {
         if let Some(copy) = copies.get_device(self.head_index()) {
             return Ok(half_linear(x, head.value.clone(), copy)?);
         }
-        match copies.get(self.head_index()) {
-            Some(copy) => Ok(bf16_linear(x, head.value.clone(), copy.clone())?),
-            None => Ok(fused_linear(x, head.value.clone())?),
-        }
+        let head16 = match copies.get(self.head_index()) {
+            Some(copy) => Weight16::Copy(copy.clone()),
+            None => Weight16::Master,
+        };
+        Ok(bf16_linear(x, head.value.clone(), head16)?)
     }
 
     /// The final-norm output of every row, `[N, C]`.

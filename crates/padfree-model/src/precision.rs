@@ -5,7 +5,9 @@
 //! precision; under [`Precision::Bf16`] every linear layer and the LM head
 //! multiply bf16 operands with f32 accumulation (`kernels/gemm_bf16/`):
 //! the activation and the output gradient are rounded as the product reads
-//! them, the weight comes from its bf16 copy here. The copies are made by
+//! them, the weight comes from its bf16 copy here (or, where the products
+//! widen everything to f32 anyway, from the f32 weight rounded as it is
+//! read: `gemm_bf16::reads_weight_copies`). The copies are made by
 //! [`crate::LlamaModel::refresh_bf16_weights`], which the trainer calls once
 //! per optimizer step (after the update), never per micro-batch or layer call.
 //!
@@ -110,7 +112,7 @@ impl HalfFloat {
 
 /// The bf16 copies of the matrices the matmuls read, indexed like the
 /// model's parameters (`None` where a parameter is no matmul operand).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Bf16Weights {
     /// On the CPU: the copies as host bf16 values.
     pub copies: Vec<Option<Arc<[bf16]>>>,
@@ -119,8 +121,24 @@ pub(crate) struct Bf16Weights {
     pub device: Vec<Option<Tensor<2>>>,
     /// The GPU's 16-bit float; `None` on the CPU.
     pub half: Option<HalfFloat>,
+    /// On the CPU: whether the dense weights get host copies at all
+    /// (`gemm_bf16::reads_weight_copies`: not where the products widen
+    /// everything to f32; they then read the f32 weights rounded).
+    pub host_copies: bool,
     /// How many times the copies were made (tests check "once per step").
     pub refreshes: u64,
+}
+
+impl Default for Bf16Weights {
+    fn default() -> Self {
+        Self {
+            copies: Vec::new(),
+            device: Vec::new(),
+            half: None,
+            host_copies: gemm_bf16::reads_weight_copies(),
+            refreshes: 0,
+        }
+    }
 }
 
 impl Bf16Weights {

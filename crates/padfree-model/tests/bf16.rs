@@ -125,9 +125,41 @@ fn bf16_loss_and_gradients_of_padded_flattened_and_one_at_a_time_agree() {
     }
 }
 
+/// Reading the f32 weights rounded (the widened body's way) and reading
+/// their bf16 copies (the `vdpbf16ps` body's) give the same loss and the
+/// same gradient of every parameter, bit for bit, on every machine: the
+/// products read the same values.
+#[test]
+fn bf16_from_the_weights_or_from_their_copies_is_the_same_bits() {
+    let vocab = LlamaConfig::tiny().vocab_size as u32;
+    let packed = flatten(&examples(&[4, 19, 2, 11], vocab, 5)).expect("flattens");
+    let run = |copies: bool| {
+        let model = bf16_model(true).with_bf16_weight_copies(copies);
+        assert_eq!(model.bf16_reads_weight_copies(), copies);
+        // Through the logits (`forward`), and through the training path
+        // (`loss_sum`: the head and its loss in one op).
+        let input = ModelInput::Varlen(&packed);
+        let (loss, _, grads) = loss_and_grads(&model, &input);
+        let sum = model.loss_sum(&input).expect("loss").sum;
+        let trained = sum.clone().into_vec()[0];
+        let trained_grads = param_grads(&model, &backward(&sum));
+        (loss, param_grads(&model, &grads), trained, trained_grads)
+    };
+    let (copied, rounded) = (run(true), run(false));
+    assert_eq!(copied.0.to_bits(), rounded.0.to_bits(), "loss");
+    assert_eq!(copied.2.to_bits(), rounded.2.to_bits(), "loss_sum");
+    for (grads_a, grads_b) in [(&copied.1, &rounded.1), (&copied.3, &rounded.3)] {
+        for ((name, a), (_, b)) in grads_a.iter().zip(grads_b) {
+            assert!(a.iter().any(|&g| g != 0.0), "{name}: no gradient");
+            assert_eq!(a, b, "{name}");
+        }
+    }
+}
+
 #[test]
 fn the_bf16_copies_are_the_rounded_weights_and_count_their_refreshes() {
-    let mut model = bf16_model(true);
+    // Copies whatever this CPU's body would choose.
+    let mut model = bf16_model(true).with_bf16_weight_copies(true);
     assert_eq!(
         model.bf16_refreshes(),
         1,

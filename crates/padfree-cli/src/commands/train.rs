@@ -216,8 +216,11 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     if config.precision == padfree_model::Precision::Bf16 {
         let model = trainer.model();
         let kept = match (model.lora_config().is_some(), model.is_quantized()) {
+            (false, _) if model.on_cpu() && !model.bf16_reads_weight_copies() => {
+                "master weights, gradients, AdamW state, checkpoints and the final model in f32; the products read the f32 weights rounded (no bf16 copies: they would be widened to f32 again)"
+            }
             (false, _) => {
-                "master weights, gradients, AdamW state, checkpoints and the final model in f32"
+                "master weights, gradients, AdamW state, checkpoints and the final model in f32; the weights' 16-bit copies made once per optimizer step"
             }
             (true, false) => {
                 "the adapters' master weights, gradients, AdamW state, checkpoints and the saved adapter in f32; the frozen base multiplied from a bf16 copy made once"

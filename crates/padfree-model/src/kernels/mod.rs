@@ -43,6 +43,7 @@ mod cube_op;
 pub mod dropout;
 mod gemm;
 pub mod gemm_bf16;
+pub use gemm_bf16::Weight16;
 mod host_op;
 mod linear;
 mod lora_linear;

@@ -4,7 +4,7 @@ use half::bf16;
 
 use crate::error::ModelError;
 use crate::kernels::{
-    LoraCopies, LoraLayer, bf16_linear, bf16_linear_storing_input, bf16_lora_linear,
+    LoraCopies, LoraLayer, Weight16, bf16_linear, bf16_linear_storing_input, bf16_lora_linear,
     bf16_quant_linear, composed_quant_linear, fused_linear, half_linear, lora_linear, on_cpu,
     quant_linear,
 };
@@ -91,8 +91,17 @@ impl<'a> Linear<'a> {
             .and_then(|copy| HalfFloat::of(copy.dtype()))
     }
 
-    /// The dense weight's bf16 copy; a layer set to bf16 without one is a
-    /// bug in the model.
+    /// Where the dense weight's `--bf16` products read it: its bf16 copy,
+    /// or (no copy: `gemm_bf16::reads_weight_copies`) the f32 weight rounded.
+    fn weight16(&self) -> Weight16 {
+        match self.bf16_copy {
+            Some(copy) => Weight16::Copy(copy.clone()),
+            None => Weight16::Master,
+        }
+    }
+
+    /// The dense weight's bf16 copy, which a LoRA layer's base always has
+    /// under bf16; one without is a bug in the model.
     fn copy(&self) -> Result<&'a Arc<[bf16]>, ModelError> {
         self.bf16_copy.ok_or_else(|| ModelError::Config {
             field: "bf16",
@@ -109,11 +118,10 @@ impl<'a> Linear<'a> {
                 // The GPU's op keeps its own 16-bit copy of `x` anyway.
                 return self.forward(x);
             }
-            let copy = self.copy()?.clone();
             return Ok(bf16_linear_storing_input(
                 x,
                 self.weight.value.clone(),
-                copy,
+                self.weight16(),
             )?);
         }
         self.forward(x)
@@ -156,7 +164,7 @@ impl<'a> Linear<'a> {
             Some(quantized) => composed_quant_linear(x, quantized),
             None if self.bf16 => match self.device_copy {
                 Some(copy) => half_linear(x, self.weight.value.clone(), copy)?,
-                None => bf16_linear(x, self.weight.value.clone(), self.copy()?.clone())?,
+                None => bf16_linear(x, self.weight.value.clone(), self.weight16())?,
             },
             None => fused_linear(x, self.weight.value.clone())?,
         })

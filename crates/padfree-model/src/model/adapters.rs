@@ -43,6 +43,11 @@ impl LlamaModel {
             adapters.refresh_bf16();
         }
         self.lora = Some(adapters);
+        // The base's layers read copies under LoRA, which a model without
+        // adapters may not have made (`refresh_base_copies`).
+        if self.bf16.as_ref().is_some_and(|b| b.half.is_none()) {
+            self.refresh_base_copies();
+        }
     }
 
     /// The adapters' settings, when the model has adapters.

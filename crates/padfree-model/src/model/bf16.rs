@@ -99,15 +99,49 @@ impl LlamaModel {
         let first_layer = index::layer_start(0, per_layer);
         let layers_end = index::layer_start(self.config.num_hidden_layers, per_layer);
         let params: Vec<&Tensor<2>> = self.params.iter().map(|p| &p.value).collect();
+        let lora = self.lora.is_some();
         let Some(bf16) = &mut self.bf16 else {
             return;
         };
         // The layers' projection matrices (not their `[1, C]` norms and
         // biases) and the head; the embedding only when it is the head.
+        // None where the CPU's products read the f32 weights rounded, but
+        // for LoRA's frozen base (made once, and its layer reads only
+        // copies); a GPU's products always read their device copies.
+        let wanted = bf16.half.is_some() || bf16.host_copies || lora;
         bf16.refresh(&params, |index| {
             let rows = params[index].dims()[0];
-            index == head || ((first_layer..layers_end).contains(&index) && rows > 1)
+            wanted && (index == head || ((first_layer..layers_end).contains(&index) && rows > 1))
         });
+    }
+
+    /// The same model with host bf16 copies of its dense weights or
+    /// without (the products then read the f32 weights rounded: the same
+    /// values), whatever `gemm_bf16::reads_weight_copies` would choose on
+    /// this CPU: for tests that run both ways on every machine. Nothing to
+    /// do in f32 or on a GPU.
+    pub fn with_bf16_weight_copies(mut self, copies: bool) -> Self {
+        if let Some(bf16) = &mut self.bf16
+            && bf16.half.is_none()
+        {
+            bf16.host_copies = copies;
+            // A setting, not a step: the count of refreshes stays.
+            let refreshes = bf16.refreshes;
+            self.refresh_base_copies();
+            if let Some(bf16) = &mut self.bf16 {
+                bf16.refreshes = refreshes;
+            }
+        }
+        self
+    }
+
+    /// Whether the dense weights have bf16 copies on the host (`--bf16`
+    /// on the CPU with the `vdpbf16ps` body, or LoRA's base); `false` in
+    /// f32, on a GPU, and where the products read the f32 weights rounded.
+    pub fn bf16_reads_weight_copies(&self) -> bool {
+        self.bf16
+            .as_ref()
+            .is_some_and(|b| b.half.is_none() && (b.host_copies || self.lora.is_some()))
     }
 
     /// The bf16 copy of parameter `index` (HF order), widened to f32, when

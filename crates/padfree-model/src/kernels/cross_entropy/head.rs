@@ -30,12 +30,11 @@
 
 use std::sync::Arc;
 
-use half::bf16;
 use rayon::prelude::*;
 
 use super::super::bf16::rounded;
 use super::super::gemm::{self, View, Write};
-use super::super::gemm_bf16::{self, View16};
+use super::super::gemm_bf16::{self, View16, Weight16};
 use super::super::host_op::{HostOp, HostOutput, HostTensor};
 use super::super::simd;
 use super::{ROWS_PER_TASK, log_sum_exp};
@@ -51,12 +50,13 @@ pub(crate) struct HeadLoss {
     pub dw: Vec<f32>,
 }
 
-/// The head's operands: f32, or `--bf16`'s copy of the head.
+/// The head's operands: f32, or `--bf16`'s head (its bf16 copy, or the
+/// f32 head rounded as it is read).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Head<'a> {
     F32(&'a [f32]),
-    /// `[V, C]` bf16 copy; `x` and `dz` are rounded as they are read.
-    Bf16(&'a [bf16]),
+    /// `[V, C]`; `x` and `dz` are rounded as they are read too.
+    Bf16(View16<'a>),
 }
 
 /// The summed loss of `x W^T` against `targets`, and (as `grads` asks:
@@ -101,13 +101,9 @@ pub(crate) fn head_loss(
                 View::row_major(w, vocab, hidden).t(),
                 Write::Set,
             ),
-            Head::Bf16(w) => gemm_bf16::product_into(
-                z,
-                vocab,
-                View16::f32(xc, n, hidden),
-                View16::bf16(w, vocab, hidden).t(),
-                Write::Set,
-            ),
+            Head::Bf16(w) => {
+                gemm_bf16::product_into(z, vocab, View16::f32(xc, n, hidden), w.t(), Write::Set)
+            }
         }
         let softmax = grads[0] || grads[1];
         let targets = &targets[start..start + n];
@@ -133,13 +129,9 @@ pub(crate) fn head_loss(
                     View::row_major(w, vocab, hidden),
                     Write::Set,
                 ),
-                Head::Bf16(w) => gemm_bf16::product_into(
-                    dst,
-                    hidden,
-                    View16::f32(z, n, vocab),
-                    View16::bf16(w, vocab, hidden),
-                    Write::Set,
-                ),
+                Head::Bf16(w) => {
+                    gemm_bf16::product_into(dst, hidden, View16::f32(z, n, vocab), w, Write::Set)
+                }
             }
         }
         if grads[1] {
@@ -200,8 +192,9 @@ fn softmax_row(row: &mut [f32], target: usize, rounds: bool, softmax: bool) -> f
 #[derive(Debug, Clone)]
 pub(super) struct HeadCrossEntropy {
     pub targets: Arc<Vec<usize>>,
-    /// `--bf16`: the head's bf16 copy, made once per optimizer step.
-    pub head16: Option<Arc<[bf16]>>,
+    /// `--bf16`: where the products read the head (its bf16 copy, made
+    /// once per optimizer step, or the f32 head rounded).
+    pub head16: Option<Weight16>,
     pub chunk_rows: usize,
     /// Which gradients to make, `[x, head]`: those the graph tracks, as
     /// `host_op` tells the op before its forward pass.
@@ -219,7 +212,7 @@ impl HostOp<2> for HeadCrossEntropy {
     fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {
         let (hidden, vocab) = (x.shape[1], w.shape[0]);
         let head = match &self.head16 {
-            Some(copy) => Head::Bf16(copy),
+            Some(w16) => Head::Bf16(w16.view(w.values, vocab, hidden)),
             None => Head::F32(w.values),
         };
         let HeadLoss { loss, dx, mut dw } = head_loss(
@@ -307,12 +300,14 @@ mod tests {
         let x = leaf.clone().mul_scalar(1.0);
         let w = float_tensor(w0.clone(), [v, c], &device);
         let w = if head_trains { trainable(w) } else { frozen(w) };
-        let copy: Option<Arc<[bf16]>> = bf16.then(|| round_slice(&w0).into());
+        // The op reads the f32 head rounded, the oracle its bf16 copy: the
+        // same values.
+        let copy = bf16.then(|| Weight16::Copy(round_slice(&w0).into()));
         let loss: Tensor<1> = match fused {
             Some(chunk_rows) => super::super::host_head_cross_entropy_sum(
                 x.clone(),
                 w.clone(),
-                copy,
+                bf16.then_some(Weight16::Master),
                 &targets,
                 chunk_rows,
             )

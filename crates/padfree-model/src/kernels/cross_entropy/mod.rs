@@ -23,6 +23,7 @@ use std::sync::Arc;
 use crate::tensor::{Int, Tensor, gather_columns, int_tensor_nd};
 
 use super::attention::is_cpu;
+use super::gemm_bf16::Weight16;
 
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
@@ -97,8 +98,9 @@ pub fn head_cross_entropy_sum(
 /// `[V, C]`, `targets[k] < V`) -> `[1]` on the CPU, in one op (`head.rs`):
 /// the logits made `chunk_rows` rows at a time and their gradients with
 /// them, so that the graph keeps `dx` and `dW` rather than `[K, V]`
-/// logits. `head16` (`--bf16`): the head's bf16 copy (`[V, C]`); the
-/// products then take bf16 operands as `bf16_linear`'s do. Gradients are
+/// logits. `head16` (`--bf16`): the head's bf16 copy (`[V, C]`), or the
+/// head rounded as it is read; the products then take bf16 operands as
+/// `bf16_linear`'s do. Gradients are
 /// made for the inputs that track one (none for a frozen head).
 ///
 /// # Panics
@@ -106,15 +108,14 @@ pub fn head_cross_entropy_sum(
 pub fn host_head_cross_entropy_sum(
     x: Tensor<2>,
     head: Tensor<2>,
-    head16: Option<Arc<[half::bf16]>>,
+    head16: Option<Weight16>,
     targets: &[usize],
     chunk_rows: usize,
 ) -> Result<Tensor<1>, UnsupportedTensor> {
     let [vocab, hidden] = head.dims();
-    if let Some(copy) = &head16 {
-        assert_eq!(
-            copy.len(),
-            vocab * hidden,
+    if let Some(w16) = &head16 {
+        assert!(
+            w16.holds(vocab * hidden),
             "head cross-entropy: the head's bf16 copy has another shape"
         );
     }

@@ -44,7 +44,9 @@ mod operand;
 mod packed;
 mod widened;
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use half::bf16;
 
 pub(crate) use self::operand::View16;
 use super::gemm::Write;
@@ -160,6 +162,50 @@ pub fn choose(
     } else {
         (Body::Avx512Bf16, None)
     }
+}
+
+/// Where a `--bf16` product reads a weight: its bf16 copy, made once per
+/// optimizer step, or the f32 master weight itself, rounded as it is read
+/// (the same values). Which one the model makes is
+/// [`reads_weight_copies`]'s answer.
+#[derive(Debug, Clone)]
+pub enum Weight16 {
+    /// The bf16 copy, `[O, C]` like the weight.
+    Copy(Arc<[bf16]>),
+    /// The master weight, rounded as the product reads it.
+    Master,
+}
+
+impl Weight16 {
+    /// The weight `[rows, cols]` as a product reads it: the copy, or
+    /// `master` (the f32 weight's values) rounded.
+    ///
+    /// # Panics
+    /// When the values read are fewer than `rows * cols` (a bug in the caller).
+    pub(crate) fn view<'a>(&'a self, master: &'a [f32], rows: usize, cols: usize) -> View16<'a> {
+        match self {
+            Self::Copy(copy) => View16::bf16(copy, rows, cols),
+            Self::Master => View16::f32(master, rows, cols),
+        }
+    }
+
+    /// Whether a copy holds `len` values (a master weight always does).
+    pub(crate) fn holds(&self, len: usize) -> bool {
+        match self {
+            Self::Copy(copy) => copy.len() == len,
+            Self::Master => true,
+        }
+    }
+}
+
+/// Whether `--bf16`'s products read a bf16 copy of each weight (made once
+/// per optimizer step): yes for the `vdpbf16ps` body, which packs bf16
+/// values straight from it; no for the widened body, which would widen
+/// the copy to f32 again in every product, so it reads the f32 master
+/// weight rounded, the same values, without the copy's pass over every
+/// weight each step and its 2 bytes a weight.
+pub fn reads_weight_copies() -> bool {
+    body() == Body::Avx512Bf16
 }
 
 /// Whether an f32 operand that two products read is best rounded once

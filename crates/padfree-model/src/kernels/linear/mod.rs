@@ -10,18 +10,15 @@
 //! # Shapes
 //! `N` rows, `C` input width, `O` output width.
 
-use std::sync::Arc;
-
 use burn::tensor::FloatDType;
-use half::bf16;
 
 use super::attention::is_cpu;
 use super::bf16::{load, round_in_place, rounded_copy, store};
 use super::gemm::{View, product};
-use super::gemm_bf16::{self, View16};
+use super::gemm_bf16::{self, View16, Weight16};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use crate::precision::HalfFloat;
-use crate::tensor::{Tensor, linear};
+use crate::tensor::{Tensor, linear, with_host_values};
 
 #[cfg(feature = "cube")]
 mod cube;
@@ -48,17 +45,18 @@ pub fn composed_linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
 /// `x W^T` with bf16 operands and f32 accumulation (`--bf16`), as
 /// autocast computes a linear layer: `x` and `dy` rounded to bf16 as the
 /// products read them, `W` taken from `weight16`, its bf16 copy (made once
-/// per optimizer step by the model); the output rounded to bf16 (kept as
-/// f32), both gradients f32. `w` is still an input: its gradient goes to
-/// the f32 master weight. The op keeps `x` as it is (shared with the other
-/// layers that read it). `[N, C]`, `[O, C]` -> `[N, O]`.
+/// per optimizer step by the model) or `w` rounded as it is read; the
+/// output rounded to bf16 (kept as f32), both gradients f32. `w` is still
+/// an input: its gradient goes to the f32 master weight. The op keeps `x`
+/// as it is (shared with the other layers that read it). `[N, C]`, `[O,
+/// C]` -> `[N, O]`.
 ///
 /// # Panics
 /// When `weight16` does not hold `O * C` values (a bug in the caller).
 pub fn bf16_linear(
     x: Tensor<2>,
     w: Tensor<2>,
-    weight16: Arc<[bf16]>,
+    weight16: Weight16,
 ) -> Result<Tensor<2>, UnsupportedTensor> {
     bf16_op::<false>(x, w, weight16)
 }
@@ -71,7 +69,7 @@ pub fn bf16_linear(
 pub fn bf16_linear_storing_input(
     x: Tensor<2>,
     w: Tensor<2>,
-    weight16: Arc<[bf16]>,
+    weight16: Weight16,
 ) -> Result<Tensor<2>, UnsupportedTensor> {
     bf16_op::<true>(x, w, weight16)
 }
@@ -79,12 +77,11 @@ pub fn bf16_linear_storing_input(
 fn bf16_op<const STORES_INPUT: bool>(
     x: Tensor<2>,
     w: Tensor<2>,
-    weight16: Arc<[bf16]>,
+    weight16: Weight16,
 ) -> Result<Tensor<2>, UnsupportedTensor> {
     let [o, c] = w.dims();
-    assert_eq!(
-        weight16.len(),
-        o * c,
+    assert!(
+        weight16.holds(o * c),
         "bf16 linear: weight copy of another shape"
     );
     if !is_cpu(&x.device()) {
@@ -92,7 +89,10 @@ fn bf16_op<const STORES_INPUT: bool>(
             "bf16 matmuls run on the CPU only in this build".into(),
         ));
     }
-    apply::<_, 2, 2, 2>(Bf16Linear::<STORES_INPUT> { weight16 }, [x, w])
+    // The op that keeps no input reads the master weight from a handle
+    // of its own in the backward pass (the model holds the weight anyway).
+    let master = (STORES_INPUT && matches!(weight16, Weight16::Master)).then(|| w.clone().detach());
+    apply::<_, 2, 2, 2>(Bf16Linear::<STORES_INPUT> { weight16, master }, [x, w])
 }
 
 /// The oracle of [`bf16_linear`]: burn's f32 matmul of the bf16-rounded
@@ -163,8 +163,11 @@ struct Linear;
 /// rather than as the input tensor.
 #[derive(Debug, Clone)]
 struct Bf16Linear<const STORES_INPUT: bool> {
-    /// `[O, C]`, the weight's bf16 copy.
-    weight16: Arc<[bf16]>,
+    /// `[O, C]`: the weight's bf16 copy, or the master weight rounded.
+    weight16: Weight16,
+    /// The master weight, when it is read rounded by an op that keeps no
+    /// input (`STORES_INPUT`).
+    master: Option<Tensor<2>>,
 }
 
 impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
@@ -177,7 +180,7 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
         let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
         let mut values = gemm_bf16::product(
             View16::f32(x.values, n, c),
-            View16::bf16(&self.weight16, o, c).t(),
+            self.weight16.view(w.values, o, c).t(),
         );
         round_in_place(&mut values);
         HostOutput {
@@ -210,7 +213,12 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
             View16::f32(d_out, n, o)
         };
         let dx = if needed[0] {
-            gemm_bf16::product(dy, View16::bf16(&self.weight16, o, c))
+            match &self.master {
+                Some(master) => with_host_values(master.clone(), |w| {
+                    gemm_bf16::product(dy, View16::f32(w, o, c))
+                }),
+                None => gemm_bf16::product(dy, self.weight16.view(w.values, o, c)),
+            }
         } else {
             Vec::new()
         };
@@ -333,13 +341,17 @@ mod tests {
         for (n, c, o) in [(1, 3, 2), (37, 48, 29), (300, 64, 200)] {
             let (x0, w0) = (random(n * c, 1), random(o * c, 2));
             let dy0: Vec<f32> = random(n * o, 3).into_iter().map(rounded).collect();
-            let run = |fused: Option<bool>| {
+            let run = |fused: Option<bool>, from_copy: bool| {
                 let x = trainable(float_tensor(x0.clone(), [n, c], &device));
                 let w = trainable(float_tensor(w0.clone(), [o, c], &device));
-                let copy: Arc<[bf16]> = round_slice(&w0).into();
+                let weight16 = if from_copy {
+                    Weight16::Copy(round_slice(&w0).into())
+                } else {
+                    Weight16::Master
+                };
                 let y = match fused {
-                    Some(false) => bf16_linear(x.clone(), w.clone(), copy),
-                    Some(true) => bf16_linear_storing_input(x.clone(), w.clone(), copy),
+                    Some(false) => bf16_linear(x.clone(), w.clone(), weight16),
+                    Some(true) => bf16_linear_storing_input(x.clone(), w.clone(), weight16),
                     None => Ok(composed_bf16_linear(x.clone(), w.clone())),
                 }
                 .expect("f32 on the CPU");
@@ -349,10 +361,17 @@ mod tests {
                 let dw = grad(&w, &grads).expect("dW").into_vec();
                 (y.into_vec(), dx, dw)
             };
-            let theirs = run(None);
-            let ours = run(Some(false));
-            // Storing `x` as bf16 changes nothing: the products round it anyway.
-            assert_eq!(run(Some(true)), ours, "storing x as bf16");
+            let theirs = run(None, true);
+            let ours = run(Some(false), true);
+            // Storing `x` as bf16 changes nothing: the products round it
+            // anyway; nor does reading the master weight rounded rather
+            // than its bf16 copy: the same values.
+            for stores in [false, true] {
+                for from_copy in [false, true] {
+                    let case = format!("storing x {stores}, from the copy {from_copy}");
+                    assert_eq!(run(Some(stores), from_copy), ours, "{case}");
+                }
+            }
             // The outputs are rounded: equal, or one bf16 step apart where
             // the f32 sums differ in their last bits at a rounding tie.
             assert_within(&format!("y [{n},{c},{o}]"), &ours.0, &theirs.0, 1e-2);

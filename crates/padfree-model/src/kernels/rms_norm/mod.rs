@@ -272,11 +272,9 @@ mod tests {
     /// through). And its output is the unrounded one rounded.
     #[test]
     fn the_rounded_norm_changes_nothing_a_bf16_linear_computes() {
-        use std::sync::Arc;
-
         use crate::kernels::bf16::{round_slice, rounded};
-        use crate::kernels::bf16_linear;
         use crate::kernels::test_util::random;
+        use crate::kernels::{Weight16, bf16_linear};
         use crate::tensor::{IntoHostVec, backward, cpu_device, float_tensor, grad, trainable};
 
         let device = cpu_device(true);
@@ -297,7 +295,7 @@ mod tests {
                 rms_norm(x.clone(), gain.clone(), 1e-5)
             }
             .expect("on the CPU");
-            let copy: Arc<[half::bf16]> = round_slice(&w0).into();
+            let copy = Weight16::Copy(round_slice(&w0).into());
             let y = bf16_linear(normed.clone(), w.clone(), copy).expect("on the CPU");
             let dy = float_tensor(dy0.clone(), [n, o], &device);
             let grads = backward(&(y.clone() * dy).sum());
