@@ -434,10 +434,10 @@ impl LlamaModel {
                 .and_then(|b| b.get_device(self.head_index()));
             return fused_head_cross_entropy_sum(kept, head, head16, labels);
         }
-        let head16 = self.bf16.as_ref().map(|b| match b.get(self.head_index()) {
-            Some(copy) => Weight16::Copy(copy.clone()),
-            None => Weight16::Master,
-        });
+        let head16 = self
+            .bf16
+            .as_ref()
+            .map(|b| Weight16::of(b.get(self.head_index())));
         host_head_cross_entropy_sum(kept, head, head16, labels)
     }
 
@@ -464,10 +464,7 @@ impl LlamaModel {
         if let Some(copy) = copies.get_device(self.head_index()) {
             return Ok(half_linear(x, head.value.clone(), copy)?);
         }
-        let head16 = match copies.get(self.head_index()) {
-            Some(copy) => Weight16::Copy(copy.clone()),
-            None => Weight16::Master,
-        };
+        let head16 = Weight16::of(copies.get(self.head_index()));
         Ok(bf16_linear(x, head.value.clone(), head16)?)
     }
 

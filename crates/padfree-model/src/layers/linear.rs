@@ -94,10 +94,7 @@ impl<'a> Linear<'a> {
     /// Where the dense weight's `--bf16` products read it: its bf16 copy,
     /// or (no copy: `gemm_bf16::reads_weight_copies`) the f32 weight rounded.
     fn weight16(&self) -> Weight16 {
-        match self.bf16_copy {
-            Some(copy) => Weight16::Copy(copy.clone()),
-            None => Weight16::Master,
-        }
+        Weight16::of(self.bf16_copy)
     }
 
     /// The dense weight's bf16 copy, which a LoRA layer's base always has

@@ -141,7 +141,7 @@ impl LlamaModel {
     pub fn bf16_reads_weight_copies(&self) -> bool {
         self.bf16
             .as_ref()
-            .is_some_and(|b| b.half.is_none() && (b.host_copies || self.lora.is_some()))
+            .is_some_and(|b| b.copies.iter().any(Option::is_some))
     }
 
     /// The bf16 copy of parameter `index` (HF order), widened to f32, when

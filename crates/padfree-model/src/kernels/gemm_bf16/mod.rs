@@ -177,6 +177,11 @@ pub enum Weight16 {
 }
 
 impl Weight16 {
+    /// The copy where there is one, else the master weight rounded.
+    pub fn of(copy: Option<&Arc<[bf16]>>) -> Self {
+        copy.map_or(Self::Master, |copy| Self::Copy(copy.clone()))
+    }
+
     /// The weight `[rows, cols]` as a product reads it: the copy, or
     /// `master` (the f32 weight's values) rounded.
     ///
@@ -488,10 +493,10 @@ mod tests {
             let w = round_slice(&random(n * k, 22));
             let dy: Vec<f32> = random(m * n, 23).into_iter().map(rounded).collect();
             let cases = [
-                ("x W^T", (&x, m, k, false), View16::bf16(&w, n, k).t()),
-                ("dy W", (&dy, m, n, false), View16::bf16(&w, n, k)),
+                ("x W^T", (&x, m, k), View16::bf16(&w, n, k).t()),
+                ("dy W", (&dy, m, n), View16::bf16(&w, n, k)),
             ];
-            for (what, (a_values, rows, cols, _), b) in cases {
+            for (what, (a_values, rows, cols), b) in cases {
                 let said = View16::rounded(a_values, rows, cols);
                 let found = View16::f32(a_values, rows, cols);
                 // A bf16 copy of the same values is always widened.

@@ -38,24 +38,19 @@ pub(super) fn widened_new(a: View16<'_>, b: View16<'_>) -> Vec<f32> {
         widened(&mut out, n, a, b, Write::Set);
         return out;
     }
-    let product = |k0: usize, dst: Option<&mut [f32]>| {
+    // K block `k0` of both operands.
+    let blocks = |k0: usize| {
         let kc = kb.min(k - k0);
-        let a_block = widen_block(a, (0, m), (k0, kc));
-        let b_block = widen_block(b, (k0, kc), (0, n));
-        let (a_view, b_view) = (a_block.view(), b_block.view());
-        match dst {
-            None => Some(gemm::product(a_view, b_view)),
-            Some(dst) => {
-                gemm::product_into(dst, n, a_view, b_view, Write::Add(1.0));
-                None
-            }
-        }
+        (
+            widen_block(a, (0, m), (k0, kc)),
+            widen_block(b, (k0, kc), (0, n)),
+        )
     };
-    let Some(mut out) = product(0, None) else {
-        unreachable!("the first block makes the buffer")
-    };
+    let (a0, b0) = blocks(0);
+    let mut out = gemm::product(a0.view(), b0.view());
     for k0 in (kb..k).step_by(kb) {
-        product(k0, Some(&mut out));
+        let (a_block, b_block) = blocks(k0);
+        gemm::product_into(&mut out, n, a_block.view(), b_block.view(), Write::Add(1.0));
     }
     out
 }
