@@ -1,8 +1,8 @@
 //! `padfree` on a GPU through the binary (feature `wgpu`; CI runs it on
 //! Mesa's lavapipe): 5 training steps on the device against the same steps
 //! on the CPU, a GPU checkpoint resumed on the CPU, LoRA steps against the
-//! CPU's, `padfree check` on the device, and a device that does not exist
-//! refused before any work.
+//! CPU's, `padfree check` on the device, `padfree bench --attention-alone`'s
+//! kernel rows, and a device that does not exist refused before any work.
 //!
 //! The device is `PADFREE_TEST_DEVICE` (default `vulkan`); never skipped.
 #![cfg(feature = "wgpu")]
@@ -261,4 +261,53 @@ fn bf16_on_the_gpu_multiplies_in_its_16_bit_float_and_tracks_f32() {
         "{err}"
     );
     assert!(!refused.exists(), "nothing written for a refused run");
+}
+
+/// `padfree bench --attention-alone --bf16` on the GPU: every kernel row,
+/// the tiled kernels with a group's query heads in one workgroup, the
+/// per-row ones, the tiled ones with one head a workgroup (the tiny preset
+/// has 4 query heads over 2 key/value heads) and the 16-bit tiled ones,
+/// each timed over the same micro-batches; nothing trained.
+#[test]
+fn the_attention_alone_on_the_gpu_times_every_kernel() {
+    let dir = scratch("gpu-attention-alone");
+    let out = dir.path().join("out");
+    let (out_arg, device) = (out.display().to_string(), device());
+    let output = padfree_in_repo(
+        &[
+            "bench",
+            "--config",
+            "tiny",
+            "--device",
+            &device,
+            "--attention-alone",
+            "--bf16",
+            "--output-dir",
+            &out_arg,
+        ]
+        .into_iter()
+        .chain(common::QUICK_BENCH)
+        .collect::<Vec<_>>(),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(!out.join("bench.json").exists(), "nothing trained");
+    let (kernels, timings) = common::attention_rows(&out);
+    let half = if device.starts_with("cuda") {
+        "tiled bf16"
+    } else {
+        "tiled f16"
+    };
+    assert_eq!(
+        kernels,
+        [
+            "tiled f32",
+            "per-row f32",
+            "tiled f32, a head a workgroup",
+            half
+        ]
+    );
+    for t in &timings {
+        assert_eq!(t["calls"], 2, "{t}");
+        assert!(t["ms_per_call"].as_f64().expect("ms") > 0.0, "{t}");
+    }
 }

@@ -1136,16 +1136,9 @@ fn bench_times_the_attention_alone() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("this device has none"), "{stdout}");
     assert!(!out.join("bench.json").exists(), "nothing trained");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("attention.json")).expect("json"))
-            .expect("valid json");
-    let timings = report["timings"].as_array().expect("timings");
-    let kernels: Vec<&str> = timings
-        .iter()
-        .map(|t| t["kernel"].as_str().expect("a name"))
-        .collect();
+    let (kernels, timings) = common::attention_rows(&out);
     assert_eq!(kernels, ["tiled f32", "per-row f32"]);
-    for t in timings {
+    for t in &timings {
         assert_eq!(t["calls"], 2, "{t}");
         assert!(t["ms_per_call"].as_f64().expect("ms") > 0.0, "{t}");
         assert!(t["gflops"].as_f64().expect("rate") > 0.0, "{t}");

@@ -25,7 +25,7 @@ use padfree_model::kernels::{
     composed_cross_entropy_sum, composed_rms_norm, composed_rope, composed_sums_of_squares,
     composed_swiglu, composed_varlen_attention, cross_entropy_sum, fused_adamw_update,
     fused_sums_of_squares, head_cross_entropy_sum, per_row_varlen_attention, rms_norm, rope,
-    swiglu, varlen_attention,
+    swiglu, tiled_by_head_varlen_attention, varlen_attention,
 };
 use padfree_model::tensor::{
     Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, int_tensor_nd, trainable,
@@ -36,9 +36,22 @@ use padfree_pack::{BatchMeta, flatten, pad};
 const ATOL: f32 = 1e-5;
 const RTOL: f32 = 1e-4;
 
+/// Which CubeCL attention kernels a case runs.
+#[derive(Clone, Copy)]
+enum Kernels {
+    /// The tiled kernels, a workgroup taking a group's query heads together.
+    Tiled,
+    /// The tiled kernels with one query head a workgroup.
+    TiledByHead,
+    /// The per-row kernels.
+    PerRow,
+}
+
 /// The tiled CubeCL kernel against the per-row CubeCL kernel and the
 /// composed oracle on the GPU, and the host kernel on the CPU, for ragged
-/// examples.
+/// examples; and against the tiled kernels with one query head a
+/// workgroup bit for bit (the group's heads share the staged keys, each
+/// thread's sums are unchanged).
 fn kernel_case(heads: usize, kv_heads: usize, head_dim: usize, lengths: &[usize]) {
     let gpu = gpu().autodiff();
     let cpu = cpu_device(true);
@@ -53,25 +66,43 @@ fn kernel_case(heads: usize, kv_heads: usize, head_dim: usize, lengths: &[usize]
         random(t * heads * head_dim, 4, 1.0),
     ];
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let fused_on = |device: &Device, per_row: bool| {
+    let fused_on = |device: &Device, kernels: Kernels| {
         let rows = AttentionRows::new(meta.cu_seqlens_shared(), device);
         attention_and_grads(device, &values, [q_shape, kv_shape], move |q, k, v| {
-            let out = if per_row {
-                per_row_varlen_attention(q, k, v, &rows, scale)
-            } else {
-                varlen_attention(q, k, v, &rows, scale)
+            let out = match kernels {
+                Kernels::Tiled => varlen_attention(q, k, v, &rows, scale),
+                Kernels::TiledByHead => tiled_by_head_varlen_attention(q, k, v, &rows, scale),
+                Kernels::PerRow => per_row_varlen_attention(q, k, v, &rows, scale),
             };
             out.expect("the kernel takes these")
         })
     };
-    let tiled = fused_on(&gpu, false);
-    let per_row = fused_on(&gpu, true);
+    let tiled = fused_on(&gpu, Kernels::Tiled);
+    let by_head = fused_on(&gpu, Kernels::TiledByHead);
+    let per_row = fused_on(&gpu, Kernels::PerRow);
     let masks = CausalMasks::new(meta.seq_lens(), &gpu);
     let oracle = attention_and_grads(&gpu, &values, [q_shape, kv_shape], |q, k, v| {
         composed_varlen_attention(q, k, v, &meta, &masks)
     });
-    let on_cpu = fused_on(&cpu, false);
+    let on_cpu = fused_on(&cpu, Kernels::Tiled);
     let what = format!("H={heads} Hkv={kv_heads} D={head_dim} lengths {lengths:?}");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (name, ours, theirs) in [
+        ("output", &tiled.0, &by_head.0),
+        ("dq", &tiled.1[0], &by_head.1[0]),
+        ("dk", &tiled.1[1], &by_head.1[1]),
+        ("dv", &tiled.1[2], &by_head.1[2]),
+    ] {
+        let differ = bits(ours)
+            .iter()
+            .zip(bits(theirs))
+            .filter(|(a, b)| **a != *b)
+            .count();
+        assert_eq!(
+            differ, 0,
+            "{what}: {name}, heads together vs one head a workgroup: {differ} values differ"
+        );
+    }
     for (name, (out, grads)) in [
         ("per-row kernel", &per_row),
         ("composed oracle", &oracle),

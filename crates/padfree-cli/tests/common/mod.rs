@@ -200,3 +200,17 @@ pub fn data_line(stdout: &str) -> String {
         .map(str::to_owned)
         .expect("a data line")
 }
+
+/// `padfree bench --attention-alone`'s `attention.json` in `out`: the
+/// kernel rows' names, in order, and the rows.
+pub fn attention_rows(out: &Path) -> (Vec<String>, Vec<serde_json::Value>) {
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("attention.json")).expect("json"))
+            .expect("valid json");
+    let timings = report["timings"].as_array().expect("timings").clone();
+    let kernels = timings
+        .iter()
+        .map(|t| t["kernel"].as_str().expect("a name").to_owned())
+        .collect();
+    (kernels, timings)
+}

@@ -59,7 +59,8 @@ pub use adamw::fused_adamw_update;
 pub use adamw::{AdamWState, AdamWStep, adamw_update, composed_adamw_update};
 pub use attention::{
     AttentionRows, BLOCK_ROWS, CausalMasks, bf16_varlen_attention, composed_padded_attention,
-    composed_varlen_attention, half_varlen_attention, per_row_varlen_attention, varlen_attention,
+    composed_varlen_attention, half_varlen_attention, per_row_varlen_attention,
+    tiled_by_head_varlen_attention, varlen_attention,
 };
 pub use cross_entropy::{
     composed_cross_entropy_sum, cross_entropy_sum, head_chunk_rows, head_cross_entropy_sum,

@@ -3,8 +3,10 @@
 //! mode trains on (the data's examples in their order,
 //! `--per-device-train-batch-size` at a time) with the model's head shape:
 //! the tiled kernels, the per-row kernels they replaced (on a GPU; on the
-//! CPU both rows are the host kernel), and under `--bf16` on a GPU the tiled
-//! kernels reading 16-bit inputs. Writes `attention.md` and
+//! CPU both rows are the host kernel), on a GPU with grouped heads the
+//! tiled kernels with one query head a workgroup (the layout before a
+//! workgroup took a group's heads together), and under `--bf16` on a GPU
+//! the tiled kernels reading 16-bit inputs. Writes `attention.md` and
 //! `attention.json` into the output directory.
 //!
 //! Each call is timed from its inputs' upload to a scalar of its
@@ -18,7 +20,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use padfree_model::kernels::{
-    AttentionRows, half_varlen_attention, per_row_varlen_attention, varlen_attention,
+    AttentionRows, half_varlen_attention, per_row_varlen_attention, tiled_by_head_varlen_attention,
+    varlen_attention,
 };
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, backward, float_tensor, grad, trainable};
 use padfree_model::{HalfFloat, LlamaConfig, ModelError};
@@ -32,7 +35,7 @@ use crate::commands::load::load;
 /// One kernel's timing over the timed micro-batches.
 #[derive(Debug, Clone, Serialize)]
 pub struct KernelTiming {
-    /// `tiled f32`, `per-row f32`, `tiled f16`, ...
+    /// `tiled f32`, `per-row f32`, `tiled f32, a head a workgroup`, `tiled f16`, ...
     pub kernel: String,
     /// Micro-batches timed (after the warm-up ones).
     pub calls: usize,
@@ -63,6 +66,7 @@ struct AttentionReport {
 enum Kernel {
     Tiled,
     PerRow,
+    TiledByHead,
     Half(HalfFloat),
 }
 
@@ -71,6 +75,7 @@ impl Kernel {
         match self {
             Self::Tiled => "tiled f32".into(),
             Self::PerRow => "per-row f32".into(),
+            Self::TiledByHead => "tiled f32, a head a workgroup".into(),
             Self::Half(half) => format!("tiled {}", half.name()),
         }
     }
@@ -101,6 +106,9 @@ pub fn run(job: &BenchJob) -> anyhow::Result<()> {
         );
     }
     let mut kernels = vec![Kernel::Tiled, Kernel::PerRow];
+    if job.device.is_gpu() && config.num_attention_heads > config.num_key_value_heads {
+        kernels.push(Kernel::TiledByHead);
+    }
     if job.precision == padfree_model::Precision::Bf16 {
         match padfree_model::device::half_float(&device) {
             Some(half) => kernels.push(Kernel::Half(half)),
@@ -206,6 +214,9 @@ fn one_call(
     let out = match kernel {
         Kernel::Tiled => varlen_attention(q.clone(), k.clone(), v.clone(), &rows, scale),
         Kernel::PerRow => per_row_varlen_attention(q.clone(), k.clone(), v.clone(), &rows, scale),
+        Kernel::TiledByHead => {
+            tiled_by_head_varlen_attention(q.clone(), k.clone(), v.clone(), &rows, scale)
+        }
         Kernel::Half(half) => {
             half_varlen_attention(q.clone(), k.clone(), v.clone(), &rows, scale, half, false)
         }

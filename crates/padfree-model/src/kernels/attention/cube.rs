@@ -5,7 +5,8 @@
 //!
 //! The rooms: this file, the op (what is saved, which body runs);
 //! `cube/tiled.rs`, the tiled kernels that run (a workgroup per block of
-//! rows and head, keys and values staged through shared memory);
+//! rows and set of a group's query heads, keys and values staged through
+//! shared memory once for the set);
 //! `cube/rows.rs`, the per-row kernels they are tested against (one
 //! invocation per row and head, everything from global memory).
 //!
@@ -39,8 +40,12 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Which kernels run the op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Body {
-    /// The tiled kernels (`cube/tiled.rs`), over the `[NB, 3]` block table.
+    /// The tiled kernels (`cube/tiled.rs`), over the `[NB, 3]` block table,
+    /// a workgroup taking several query heads of a group.
     Tiled,
+    /// The same with one query head a workgroup: [`Body::Tiled`]'s oracle,
+    /// bit for bit (each thread's sums are the same, in the same order).
+    TiledByHead,
     /// The per-row oracle (`cube/rows.rs`), over the `[T, 2]` row bounds.
     PerRow,
 }
@@ -134,7 +139,13 @@ impl CubeOp<3> for Attention {
             None => [q, k, v],
         };
         let (mut out, lse) = match (self.body, self.half) {
-            (Body::Tiled, _) => tiled::forward([&q, &k, &v], &self.table, self.dims, self.scale),
+            (Body::Tiled | Body::TiledByHead, _) => tiled::forward(
+                [&q, &k, &v],
+                &self.table,
+                self.dims,
+                self.scale,
+                self.body == Body::Tiled,
+            ),
             (Body::PerRow, None) => rows::forward(&q, &k, &v, &self.table, self.dims, self.scale),
             (Body::PerRow, Some(_)) => {
                 let (q, k, v) = (widen(&q), widen(&k), widen(&v));
@@ -161,7 +172,8 @@ impl CubeOp<3> for Attention {
     fn backward(saved: &Saved, d_out: CubeTensor) -> [CubeTensor; 3] {
         let d_out = into_contiguous(d_out);
         match saved.body {
-            Body::Tiled => tiled::backward(saved, d_out),
+            Body::Tiled => tiled::backward(saved, d_out, true),
+            Body::TiledByHead => tiled::backward(saved, d_out, false),
             Body::PerRow if saved.q.dtype != DType::F32 => rows::backward(&saved.widened(), d_out),
             Body::PerRow => rows::backward(saved, d_out),
         }

@@ -157,10 +157,36 @@ pub fn per_row_varlen_attention(
     rows: &AttentionRows,
     scale: f32,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
+    oracle([q, k, v], rows, scale, GpuBody::PerRow)
+}
+
+/// The tiled CubeCL attention with one query head a workgroup, each
+/// staging its group's keys and values again (the layout before a
+/// workgroup took a group's heads together): [`varlen_attention`]'s
+/// oracle on a GPU bit for bit, every thread's sums being the same. On
+/// the CPU it is the host kernel, as [`varlen_attention`].
+pub fn tiled_by_head_varlen_attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    rows: &AttentionRows,
+    scale: f32,
+) -> Result<Tensor<3>, UnsupportedTensor> {
+    oracle([q, k, v], rows, scale, GpuBody::TiledByHead)
+}
+
+/// An f32 oracle of the tiled kernels by `body` on a GPU; the host kernel
+/// on the CPU.
+fn oracle(
+    [q, k, v]: [Tensor<3>; 3],
+    rows: &AttentionRows,
+    scale: f32,
+    body: GpuBody,
+) -> Result<Tensor<3>, UnsupportedTensor> {
     if rows.blocks.is_none() {
         return varlen_attention(q, k, v, rows, scale);
     }
-    gpu_varlen([q, k, v], rows, scale, GpuBody::PerRow, None)
+    gpu_varlen([q, k, v], rows, scale, body, None)
 }
 
 /// [`varlen_attention`] on a GPU under `--bf16`: `q`, `k`, `v` cast to
@@ -203,7 +229,9 @@ fn gpu_varlen(
     };
     let dims = dims_of(&q, &k);
     match body {
-        GpuBody::Tiled => gpu_attention([q, k, v], blocks, body, dims, scale, half),
+        GpuBody::Tiled | GpuBody::TiledByHead => {
+            gpu_attention([q, k, v], blocks, body, dims, scale, half)
+        }
         GpuBody::PerRow => {
             let bounds = rows.row_bounds(&q.device());
             gpu_attention([q, k, v], &bounds, body, dims, scale, half)
@@ -218,6 +246,7 @@ use cube::Body as GpuBody;
 #[cfg(not(feature = "cube"))]
 enum GpuBody {
     Tiled,
+    TiledByHead,
     PerRow,
 }
 

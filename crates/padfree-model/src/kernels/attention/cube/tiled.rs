@@ -4,19 +4,22 @@
 //! - **Blocks.** The batch's rows are cut into blocks of at most
 //!   [`BLOCK_ROWS`] rows of one example each (`AttentionRows` makes the
 //!   `[NB, 3]` table once per batch from `cu_seqlens`: the block's first
-//!   row, its example's start and end). A workgroup takes one block and one
-//!   head; each of its threads owns one row of the block.
-//! - **Forward** (workgroup per query block and head): the example's keys
-//!   and values up to the block's last row are staged through shared
-//!   memory a tile of `key_rows` rows at a time, every thread of the block
-//!   cooperating in the (coalesced) copy; each thread scores its query
+//!   row, its example's start and end). A forward or `dQ` workgroup takes
+//!   one block and a set of query heads of one key/value head's group
+//!   (`heads_per_workgroup`: the whole group where 256 threads allow);
+//!   each of its threads owns one (row of the block, head).
+//! - **Forward** (workgroup per query block and set of heads): the
+//!   example's keys and values up to the block's last row are staged
+//!   through shared memory a tile of `key_rows` rows at a time, once for
+//!   the set's heads, every thread of the workgroup cooperating in the
+//!   (coalesced) copy; each thread scores its query
 //!   against the tile, rescales its accumulator once per tile (online
 //!   softmax), and adds the tile's values. Tiles past the block's last row
 //!   are never loaded (causal blocks skipped); rows of the last tile past a
 //!   thread's own row are masked. It writes the output and the row's
 //!   log-sum-exp.
 //! - **Backward**: `delta = rowsum(dO * O)` (`rows::delta`); `dQ` as the
-//!   forward pass (workgroup per query block and head, keys and values
+//!   forward pass (workgroup per query block and set of heads, keys and values
 //!   tiled, probabilities recomputed from the saved log-sum-exp); `dK` and
 //!   `dV` with a workgroup per key block and key/value head, each thread
 //!   owning one key row, the queries, `dO`, log-sum-exps and `delta` of the
@@ -32,9 +35,10 @@
 //! Global-memory traffic per layer, forward, for an example of `L` rows
 //! (f32, `H` heads, `G = H / Hkv`): the per-row kernel reads every
 //! earlier key and value once per query row and head, `~ 8 D L^2 / 2 * H`
-//! bytes; the tiled one once per block of [`BLOCK_ROWS`] query rows, `~ 8
-//! D L^2 / 2 * H / BLOCK_ROWS` bytes, plus `q` and `out` once (`docs/gpu.md`
-//! has the figure for SmolLM2's shapes).
+//! bytes; the tiled one once per block of [`BLOCK_ROWS`] query rows and
+//! set of `n` heads, `~ 8 D L^2 / 2 * H / (n BLOCK_ROWS)` bytes, plus `q`
+//! and `out` once (`docs/gpu.md` has the figures for SmolLM2's and a 1B
+//! shape, `scripts/attention_traffic.py` counts them).
 //!
 //! # Shapes
 //! `q`, `out`, `dq`: `[T, H, D]`; `k`, `v`, `dk`, `dv`: `[T, Hkv, D]`;
@@ -87,10 +91,18 @@ fn query_rows(blocks: &Tensor<f32>) -> (usize, bool, usize, usize) {
     (t, t < end, start, stop)
 }
 
+/// This thread's query head: the workgroup takes `CUBE_DIM_Y` query heads
+/// of one key/value head's group (the `CUBE_POS_Z`-th such set), each
+/// thread one of them (`UNIT_POS_Y`) for one query row (`UNIT_POS_X`).
+#[cube]
+fn query_head() -> usize {
+    CUBE_POS_Z as usize * CUBE_DIM_Y as usize + UNIT_POS_Y as usize
+}
+
 /// Copies rows `[tile, tile + key_rows)` (those below `stop`) of head
 /// `head` of `src` (`[T, heads, D]`, f32 or 16-bit) into `dst`
-/// (`[key_rows, D]`, f32), every thread of the workgroup taking every
-/// `CUBE_DIM_X`-th element.
+/// (`[key_rows, D]`, f32), every thread of the workgroup (all its query
+/// heads) taking every `CUBE_DIM`-th element.
 #[cube]
 fn stage<F: Float>(
     src: &Tensor<F>,
@@ -102,13 +114,13 @@ fn stage<F: Float>(
     #[comptime] head_dim: usize,
     #[comptime] key_rows: usize,
 ) {
-    let mut e = UNIT_POS_X as usize;
+    let mut e = UNIT_POS as usize;
     while e < key_rows * head_dim {
         let r = tile + e / head_dim;
         if r < stop {
             dst[e] = f32::cast_from(src[(r * heads + head) * head_dim + e % head_dim]);
         }
-        e += CUBE_DIM_X as usize;
+        e += CUBE_DIM as usize;
     }
 }
 
@@ -128,7 +140,7 @@ fn forward_kernel<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let (t, active, start, stop) = query_rows(blocks);
-    let h = CUBE_POS_Z as usize;
+    let h = query_head();
     let hk = h / (heads / kv_heads);
     let mut k_tile = Shared::<[f32]>::new_slice(key_rows * head_dim);
     let mut v_tile = Shared::<[f32]>::new_slice(key_rows * head_dim);
@@ -218,7 +230,7 @@ fn dq_kernel<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let (t, active, start, stop) = query_rows(blocks);
-    let h = CUBE_POS_Z as usize;
+    let h = query_head();
     let hk = h / (heads / kv_heads);
     let mut k_tile = Shared::<[f32]>::new_slice(key_rows * head_dim);
     let mut v_tile = Shared::<[f32]>::new_slice(key_rows * head_dim);
@@ -389,33 +401,63 @@ pub(super) fn key_rows(reference: &CubeTensor, head_dim: usize) -> usize {
     (shared / 4 / (2 * head_dim + 2)).clamp(1, 64)
 }
 
-/// The launch grid: a workgroup of [`BLOCK_ROWS`] threads per block and
-/// head (`heads` on the grid's third dimension; blocks past 65,535 on its
-/// second).
-fn block_grid(blocks: &CubeTensor, heads: usize) -> (CubeCount, CubeDim) {
+/// At most this many threads in a forward or `dQ` workgroup when it takes
+/// several query heads of a group: each thread keeps its query, its
+/// accumulator and a tile's scores in registers (~2 `D` + `key_rows`
+/// floats), and a register file holds a few such 256-thread workgroups
+/// where it would hold no 1,024-thread one.
+const GROUP_THREADS: usize = 256;
+
+/// Query heads a forward or `dQ` workgroup takes together (`CUBE_DIM_Y`):
+/// with `grouped`, the most of one key/value head's group (a divisor of
+/// `H / Hkv`) that [`GROUP_THREADS`] and the device allow, so that a tile
+/// of keys and values is staged once for all of them; else 1 (the layout
+/// before, each query head staging its group's keys again: the grouped
+/// layout's bit-for-bit oracle).
+fn heads_per_workgroup(reference: &CubeTensor, dims: AttentionDims, grouped: bool) -> usize {
+    let group = (dims.num_heads / dims.num_kv_heads.max(1)).max(1);
+    if !grouped {
+        return 1;
+    }
+    let hardware = &reference.client.properties().hardware;
+    let threads = (hardware.max_units_per_cube as usize).min(GROUP_THREADS);
+    let most = (threads / BLOCK_ROWS).min(hardware.max_cube_dim.1 as usize);
+    (1..=group.min(most).max(1))
+        .rev()
+        .find(|&n| group.is_multiple_of(n))
+        .unwrap_or(1)
+}
+
+/// The launch grid: a workgroup of [`BLOCK_ROWS`] x `per_workgroup` threads
+/// per block and set of `per_workgroup` heads (`heads / per_workgroup`
+/// sets on the grid's third dimension; blocks past 65,535 on its second).
+fn block_grid(blocks: &CubeTensor, heads: usize, per_workgroup: usize) -> (CubeCount, CubeDim) {
     let count = blocks.meta.shape()[0].max(1);
     let wide = count.min(65_535);
     (
         CubeCount::Static(
             wide as u32,
             count.div_ceil(wide) as u32,
-            heads.max(1) as u32,
+            (heads / per_workgroup).max(1) as u32,
         ),
-        CubeDim::new_1d(BLOCK_ROWS as u32),
+        CubeDim::new_2d(BLOCK_ROWS as u32, per_workgroup as u32),
     )
 }
 
-/// The forward kernel on contiguous inputs: `(out, lse)`.
+/// The forward kernel on contiguous inputs: `(out, lse)`; `grouped`: see
+/// [`heads_per_workgroup`].
 pub(super) fn forward(
     [q, k, v]: [&CubeTensor; 3],
     blocks: &CubeTensor,
     dims: AttentionDims,
     scale: f32,
+    grouped: bool,
 ) -> (CubeTensor, CubeTensor) {
     let tokens = q.meta.shape()[0];
     let out = empty_like(q, vec![tokens, dims.num_heads, dims.head_dim]);
     let lse = empty_like(q, vec![tokens, dims.num_heads]);
-    let (count, dim) = block_grid(blocks, dims.num_heads);
+    let per_workgroup = heads_per_workgroup(q, dims, grouped);
+    let (count, dim) = block_grid(blocks, dims.num_heads, per_workgroup);
     forward_kernel::launch(
         &q.client,
         count,
@@ -436,8 +478,9 @@ pub(super) fn forward(
     (out, lse)
 }
 
-/// The backward kernels on a contiguous `d_out`: `[dq, dk, dv]`.
-pub(super) fn backward(saved: &Saved, d_out: CubeTensor) -> [CubeTensor; 3] {
+/// The backward kernels on a contiguous `d_out`: `[dq, dk, dv]` (`dQ` with
+/// the forward pass's heads a workgroup).
+pub(super) fn backward(saved: &Saved, d_out: CubeTensor, grouped: bool) -> [CubeTensor; 3] {
     let Saved {
         q,
         k,
@@ -454,7 +497,7 @@ pub(super) fn backward(saved: &Saved, d_out: CubeTensor) -> [CubeTensor; 3] {
     let rows = key_rows(q, d);
     let delta = rows::delta(&d_out, out, *dims);
     let dq = empty_like(q, vec![tokens, h, d]);
-    let (count, dim) = block_grid(blocks, h);
+    let (count, dim) = block_grid(blocks, h, heads_per_workgroup(q, *dims, grouped));
     dq_kernel::launch(
         &q.client,
         count,
@@ -476,7 +519,7 @@ pub(super) fn backward(saved: &Saved, d_out: CubeTensor) -> [CubeTensor; 3] {
     );
     let dk = empty_like(q, vec![tokens, hkv, d]);
     let dv = empty_like(q, vec![tokens, hkv, d]);
-    let (count, dim) = block_grid(blocks, hkv);
+    let (count, dim) = block_grid(blocks, hkv, 1);
     dkv_kernel::launch(
         &q.client,
         count,
