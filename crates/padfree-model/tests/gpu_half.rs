@@ -3,8 +3,8 @@
 //! f16 there; on CUDA it is bf16): the 16-bit linear op, the 16-bit
 //! attention and the 16-bit head with the cross-entropy in chunks against
 //! their oracles (f32 products of the same rounded operands), the model in
-//! 16-bit against itself in f32, flattened against padded, and what is
-//! refused.
+//! 16-bit against itself in f32, flattened against padded, a LoRA layer
+//! in 16 bits against its oracle.
 //!
 //! The device is `PADFREE_TEST_DEVICE` (default `vulkan`); never skipped:
 //! a device without a 16-bit float fails the first test.
@@ -320,18 +320,109 @@ fn the_model_in_16_bit_on_the_gpu_tracks_f32_and_flattened_matches_padded() {
     assert_eq!(half_model.bf16_refreshes(), 2);
 }
 
+/// A LoRA layer under `--bf16` on the GPU (`half_lora_linear`: the base
+/// from its 16-bit device copy by the 16-bit linear op, the adapter's
+/// low-rank products from rounded operands, dropout on) against its
+/// oracle, every product burn's f32 matmul of the rounded operands
+/// (`composed_half_linear`): `y`, `dx`, `dA`, `dB` for `sum(y * dy)`, at
+/// the 16-bit linear op's tolerances (the base's product is that op; the
+/// adapter's are the oracle's own ops). And the rounding shows: the f32
+/// LoRA layer differs. A model with adapters switches to 16 bits on the
+/// GPU (the adapters make no copies) and its loss tracks f32's.
 #[test]
-fn lora_in_16_bit_on_the_gpu_is_refused_with_a_hint() {
+fn lora_in_16_bit_on_the_gpu_matches_its_rounded_oracle() {
+    use padfree_model::kernels::dropout::{DropoutMask, RowKeys};
+    use padfree_model::kernels::{LoraFactors, LoraLayer, composed_lora_linear, half_lora_linear};
+    let half = half();
+    let device = gpu().autodiff();
+    let (n, c, o, r) = (37, 48, 29, 4);
+    let (x0, w0) = (random(n * c, 1, 1.0), random(o * c, 2, 0.3));
+    let (a0, b0) = (random(r * c, 5, 0.3), random(o * r, 6, 0.3));
+    let dy0 = rounded(&random(n * o, 3, 0.5), half, &device);
+    let factors = LoraFactors {
+        scale: 2.0,
+        dropout: Some(DropoutMask {
+            p: 0.25,
+            seed: 9,
+            rows: RowKeys::indexed(n),
+        }),
+    };
+    let run = |how: usize| {
+        let x = trainable(float_tensor(x0.clone(), [n, c], &device));
+        let w = float_tensor(w0.clone(), [o, c], &device);
+        let a = trainable(float_tensor(a0.clone(), [r, c], &device));
+        let b = trainable(float_tensor(b0.clone(), [o, r], &device));
+        let layer = LoraLayer {
+            w: w.clone(),
+            quantized: None,
+            a: a.clone(),
+            b: b.clone(),
+            factors: factors.clone(),
+        };
+        let y = match how {
+            0 => {
+                let copy = w.clone().inner().cast(half.dtype());
+                half_lora_linear(x.clone(), layer, &copy).expect("the GPU layer")
+            }
+            1 => {
+                let dropped = padfree_model::kernels::dropout::composed_dropout(
+                    x.clone(),
+                    factors.dropout.clone().expect("a mask"),
+                );
+                let down = composed_half_linear(dropped, a.clone(), half);
+                composed_half_linear(x.clone(), w, half)
+                    + composed_half_linear(down, b.clone(), half).mul_scalar(factors.scale)
+            }
+            _ => composed_lora_linear(x.clone(), layer),
+        };
+        let dy = float_tensor(dy0.clone(), [n, o], &device);
+        let grads = backward(&(y.clone() * dy).sum());
+        let g = |t: &Tensor<2>| grad(t, &grads).expect("a gradient").into_vec();
+        (y.into_vec(), [g(&x), g(&a), g(&b)])
+    };
+    let (ours, oracle, full) = (run(0), run(1), run(2));
+    let y_tolerance = match half {
+        HalfFloat::F16 => 1e-4,
+        HalfFloat::Bf16 => 2f32.powi(-7),
+    };
+    assert_close("LoRA y", &ours.0, &oracle.0, 1e-5, y_tolerance);
+    for (i, name) in ["dx", "dA", "dB"].iter().enumerate() {
+        assert_close(&format!("LoRA {name}"), &ours.1[i], &oracle.1[i], 0.0, 1e-4);
+        assert!(ours.1[i].iter().any(|&v| v != 0.0), "{name} is not zero");
+    }
+    assert_ne!(
+        ours.0, full.0,
+        "16-bit rounding must show against the f32 layer"
+    );
+
     let config = LlamaConfig::tiny();
     let cpu_model = LlamaModel::init(&config, 5, &cpu_device(true)).expect("valid");
+    let lora = LoraConfig::trl_defaults();
     let model = on_gpu(&cpu_model)
-        .with_lora(&LoraConfig::trl_defaults(), 1, "tiny")
+        .with_lora(&lora, 1, "tiny")
         .expect("adapters");
-    let err = model
+    let half_model = model
+        .clone()
         .with_precision(Precision::Bf16)
-        .expect_err("LoRA in 16-bit on a GPU is not built");
-    let text = format!("{err}");
-    assert!(text.contains("LoRA") && text.contains("HINT"), "{text}");
+        .expect("LoRA in 16 bits on a GPU");
+    assert_eq!(half_model.half_float(), Some(half));
+    assert_eq!(
+        half_model.bf16_refreshes(),
+        0,
+        "the adapters make no copies"
+    );
+    let batch = flatten(&examples(&[5, 9, 3], config.vocab_size as u32, 4)).expect("valid");
+    let loss = |m: &LlamaModel| {
+        m.loss_sum(&ModelInput::Varlen(&batch))
+            .expect("a loss")
+            .sum
+            .into_vec()[0]
+    };
+    let (l16, l32) = (loss(&half_model), loss(&model));
+    assert!(
+        (l16 - l32).abs() <= 1e-2 * l32.abs() && l16 != l32,
+        "16-bit LoRA loss {l16} vs f32 {l32}"
+    );
 }
 
 /// The LM head with the cross-entropy in chunks of rows under `--bf16` on

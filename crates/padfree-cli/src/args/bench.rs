@@ -281,11 +281,6 @@ impl BenchArgs {
             );
         }
         let lora = self.lora.validate()?;
-        if self.bf16 && self.device.is_gpu() && lora.is_some() {
-            bail!(
-                "--bf16 with LoRA or QLoRA runs on the CPU only in this build\nHINT: drop --device to bench LoRA in bf16 on the CPU"
-            );
-        }
         let job = BenchJob {
             lora,
             gradient_checkpointing: self.gradient_checkpointing,

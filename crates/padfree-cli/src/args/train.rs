@@ -438,12 +438,6 @@ impl TrainArgs {
             (None, None) => Warmup::Steps(demo_usize(10, 0)),
         };
         let lora = self.lora.validate()?;
-        // Refused before anything is written (the model refuses it too).
-        if self.bf16 && self.device.is_gpu() && lora.is_some() {
-            bail!(
-                "--bf16 with LoRA or QLoRA runs on the CPU only in this build (the GPU's 16-bit products are built for full fine-tuning)\nHINT: drop --device to train the adapters in bf16 on the CPU, or drop --bf16 to train them in f32 on the GPU"
-            );
-        }
         let train = TrainConfig {
             attention,
             batching,

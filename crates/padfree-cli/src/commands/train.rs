@@ -222,6 +222,9 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
             (false, _) => {
                 "master weights, gradients, AdamW state, checkpoints and the final model in f32; the weights' 16-bit copies made once per optimizer step"
             }
+            (true, false) if !model.on_cpu() => {
+                "the adapters' master weights, gradients, AdamW state, checkpoints and the saved adapter in f32; the frozen base multiplied from its 16-bit device copy made once, the adapters' low-rank products from their operands rounded as they are read"
+            }
             (true, false) => {
                 "the adapters' master weights, gradients, AdamW state, checkpoints and the saved adapter in f32; the frozen base multiplied from a bf16 copy made once"
             }

@@ -261,9 +261,14 @@ pub fn mix(seed: u64, index: u64) -> u64 {
 
 /// The oracle (and the GPU's path): the mask as a tensor, then burn ops.
 pub fn composed_dropout_matmul(x: Tensor<2>, a: Tensor<2>, mask: DropoutMask) -> Tensor<2> {
+    linear(composed_dropout(x, mask), &a)
+}
+
+/// `drop(x)`, `[N, C]`: the mask as a tensor times `x` (burn ops).
+pub fn composed_dropout(x: Tensor<2>, mask: DropoutMask) -> Tensor<2> {
     let dims = x.dims();
     let m = float_tensor(mask.values(dims[1]), dims, &x.device());
-    linear(x * m, &a)
+    x * m
 }
 
 #[cfg(test)]

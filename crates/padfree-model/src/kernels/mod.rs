@@ -76,7 +76,7 @@ pub use linear::{
 };
 pub use lora_linear::{
     LoraCopies, LoraFactors, LoraLayer, bf16_lora_linear, composed_bf16_lora_linear,
-    composed_lora_linear, lora_linear,
+    composed_lora_linear, half_lora_linear, lora_linear,
 };
 pub use quant_matmul::{
     bf16_quant_linear, composed_bf16_quant_linear, composed_quant_linear, quant_linear,

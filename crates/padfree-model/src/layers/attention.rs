@@ -120,8 +120,9 @@ impl Attention<'_> {
         let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         // On a GPU under `--bf16` the three projections share one 16-bit
         // copy of their input for the backward pass (each would keep its
-        // own otherwise: 6 bytes a value against f32's shared 4).
-        let x = match self.q_proj.device_half() {
+        // own otherwise: 6 bytes a value against f32's shared 4), but with
+        // LoRA adapters, which read it in f32.
+        let x = match self.q_proj.shared_half_input() {
             Some(half) => x.cast(half.dtype()),
             None => x,
         };

@@ -5,8 +5,8 @@ use half::bf16;
 use crate::error::ModelError;
 use crate::kernels::{
     LoraCopies, LoraLayer, Weight16, bf16_linear, bf16_linear_storing_input, bf16_lora_linear,
-    bf16_quant_linear, composed_quant_linear, fused_linear, half_linear, lora_linear, on_cpu,
-    quant_linear,
+    bf16_quant_linear, composed_quant_linear, fused_linear, half_linear, half_lora_linear,
+    lora_linear, on_cpu, quant_linear,
 };
 use crate::lora::Adapter;
 use crate::precision::HalfFloat;
@@ -91,6 +91,17 @@ impl<'a> Linear<'a> {
             .and_then(|copy| HalfFloat::of(copy.dtype()))
     }
 
+    /// The GPU's 16-bit float this layer's input may come in, cast once for
+    /// the projections that share it (`--bf16` on a GPU); `None` also for
+    /// a layer with an adapter, whose low-rank products read the input in
+    /// f32 (`kernels::half_lora_linear`): its base product casts it itself.
+    pub fn shared_half_input(&self) -> Option<HalfFloat> {
+        match self.adapter {
+            Some(_) => None,
+            None => self.device_half(),
+        }
+    }
+
     /// Where the dense weight's `--bf16` products read it: its bf16 copy,
     /// or (no copy: `gemm_bf16::reads_weight_copies`) the f32 weight rounded.
     fn weight16(&self) -> Weight16 {
@@ -137,6 +148,10 @@ impl<'a> Linear<'a> {
             };
             if !self.bf16 {
                 return Ok(lora_linear(x, layer)?);
+            }
+            if let Some(copy) = self.device_copy {
+                // On a GPU: the base's device copy, the adapter rounded.
+                return Ok(half_lora_linear(x, layer, copy)?);
             }
             let [a, b] = adapter.copies.ok_or_else(|| ModelError::Config {
                 field: "bf16",

@@ -18,8 +18,9 @@ impl Mlp<'_> {
     /// `[N, C] -> [N, C]`; the gate through the fused kernel
     /// (`kernels/swiglu.rs`).
     pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
-        // On a GPU under `--bf16` gate and up share one 16-bit copy of `x`.
-        let x = match self.gate_proj.device_half() {
+        // On a GPU under `--bf16` gate and up share one 16-bit copy of `x`
+        // (not with LoRA adapters, which read it in f32).
+        let x = match self.gate_proj.shared_half_input() {
             Some(half) => x.cast(half.dtype()),
             None => x,
         };

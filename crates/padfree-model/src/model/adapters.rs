@@ -39,7 +39,8 @@ impl LlamaModel {
         for param in &mut self.params {
             param.value = frozen(param.value.clone());
         }
-        if self.bf16.is_some() {
+        // A GPU's adapters have no copies (`kernels::half_lora_linear`).
+        if self.bf16.is_some() && self.on_cpu() {
             adapters.refresh_bf16();
         }
         self.lora = Some(adapters);

@@ -12,7 +12,10 @@ impl LlamaModel {
     /// The same model computing its matmuls in `precision`. bf16 makes the
     /// weights' bf16 copies at once (the adapters' too). On a GPU the copies
     /// are device tensors of its runtime's 16-bit float (bf16, or f16 where
-    /// it has no bf16: [`Self::half_float`]), full fine-tuning only.
+    /// it has no bf16: [`Self::half_float`]); with LoRA there the frozen
+    /// base has them (made once) and the adapters none (their low-rank
+    /// products round their operands as they read them:
+    /// `kernels::half_lora_linear`).
     pub fn with_precision(mut self, precision: Precision) -> Result<Self, ModelError> {
         if precision == Precision::F32 {
             self.bf16 = None;
@@ -29,10 +32,10 @@ impl LlamaModel {
         };
         let mut copies = Bf16Weights::default();
         if !self.on_cpu() {
-            if self.lora.is_some() {
+            if self.lora.is_some() && self.quantized.iter().any(Option::is_some) {
                 return refuse(
-                    "--bf16 with LoRA or QLoRA runs on the CPU only in this build (the GPU's 16-bit products are built for full fine-tuning)",
-                    "drop --device to train the adapters in bf16 on the CPU, or drop --bf16 to train them in f32 on the GPU",
+                    "--bf16 with QLoRA (a base in GGUF blocks) runs on the CPU only",
+                    "drop --device to train QLoRA in bf16 on the CPU, or load the base dense (--dequantize-base)",
                 );
             }
             let Some(half) = crate::device::half_float(&self.device) else {
@@ -45,7 +48,9 @@ impl LlamaModel {
         }
         self.bf16 = Some(copies);
         self.refresh_base_copies();
-        if let Some(lora) = &mut self.lora {
+        if self.on_cpu()
+            && let Some(lora) = &mut self.lora
+        {
             lora.refresh_bf16();
         }
         Ok(self)
@@ -86,7 +91,10 @@ impl LlamaModel {
         if self.bf16.is_none() {
             return;
         }
+        let on_gpu = !self.on_cpu();
         match &mut self.lora {
+            // A GPU's adapters have no copies (`kernels::half_lora_linear`).
+            Some(_) if on_gpu => {}
             Some(lora) => lora.refresh_bf16(),
             None => self.refresh_base_copies(),
         }
