@@ -47,7 +47,7 @@ impl Precision {
     }
 
     /// What computes the bf16 products on this CPU, for the log: the
-    /// AVX512-BF16 kernel, or f32 products of the bf16 values, which round
+    /// AMX-BF16 or AVX512-BF16 kernel, or f32 products of the bf16 values, which round
     /// as bf16 does but run no faster (see [`Self::cpu_widened_because`]).
     pub fn cpu_matmul_body() -> &'static str {
         gemm_bf16::body().name()
@@ -55,7 +55,7 @@ impl Precision {
 
     /// Whether this CPU computes bf16 products with bf16 instructions.
     pub fn cpu_has_bf16_instructions() -> bool {
-        gemm_bf16::body() == gemm_bf16::Body::Avx512Bf16
+        gemm_bf16::body() != gemm_bf16::Body::Widened
     }
 
     /// Why `--bf16` multiplies in f32 on this CPU (no AVX512-BF16, an

@@ -3,7 +3,12 @@
 //! (`kernels/bf16.rs`, nearest-even) as it is read, so that a gradient
 //! need not be rounded into a second buffer first.
 //!
-//! Two bodies, chosen once per process ([`body`]):
+//! Three bodies, chosen once per process ([`body`]):
+//! - `amx-bf16` (Intel Sapphire Rapids and later, where Linux grants the
+//!   tile state): the same packing, K padded to whole tiles, and a 32x32
+//!   micro-kernel of four `tdpbf16ps` on 16x16 f32 tiles (`amx.rs`, in
+//!   `asm!`: AMX's intrinsics and feature name are unstable in Rust 1.95).
+//!   Chosen first where it is there.
 //! - `avx512-bf16`: BLIS-style packing of both operands into bf16 pairs and
 //!   a 14x32 micro-kernel of `vdpbf16ps` (AMD Zen 4 and later, Intel Cooper
 //!   Lake and later; an `A` contiguous along K is kept row by row, which
@@ -23,23 +28,21 @@
 //! widened body's speed, so [`choose`] takes the widened body on Intel
 //! (`PADFREE_BF16_MATMUL=avx512-bf16` forces the other).
 //!
-//! AMX-BF16 (Sapphire Rapids) is not here: its intrinsics and its
-//! `is_x86_feature_detected!("amx-bf16")` are unstable in Rust 1.95, and no
-//! machine of ours has AMX to test a hand-written `asm!` body on.
-//!
 //! `PADFREE_BF16_MATMUL=widened` forces the portable body (A/B runs, and to
-//! rule the fast body out when results look wrong), `=avx512-bf16` the
-//! fast one where the CPU has the instructions.
+//! rule the fast bodies out when results look wrong), `=avx512-bf16` and
+//! `=amx` the fast ones where the CPU has the instructions.
 //!
 //! Its rooms: `operand.rs` (the views the products read, and the element
 //! types they hold), `widened.rs` (the portable body), `packed.rs` (the
-//! `vdpbf16ps` body, packing and micro-kernel: the module of the workspace
-//! that allows `unsafe` for this kernel; every call checks the bounds of
-//! what it reads and writes first).
+//! `vdpbf16ps` body, packing and micro-kernel), `amx.rs` (the tile body);
+//! the last two allow `unsafe` for this kernel, and every call checks the
+//! bounds of what it reads and writes first.
 //!
 //! # Shapes
 //! `[M, K] x [K, N] -> [M, N]`.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod operand;
 mod packed;
 mod widened;
@@ -54,6 +57,8 @@ use super::gemm::Write;
 /// Which body computes the products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Body {
+    /// `tdpbf16ps` on AMX tiles (AMX-BF16).
+    Amx,
     /// `vdpbf16ps` (AVX512-BF16).
     Avx512Bf16,
     /// Widened to f32, the f32 gemm: every CPU, and the oracle.
@@ -64,6 +69,7 @@ impl Body {
     /// The name in logs and reports.
     pub fn name(self) -> &'static str {
         match self {
+            Self::Amx => "amx-bf16",
             Self::Avx512Bf16 => "avx512-bf16",
             Self::Widened => "widened to f32",
         }
@@ -74,7 +80,19 @@ impl Body {
         match self {
             Self::Widened => true,
             Self::Avx512Bf16 => has_avx512_bf16(),
+            Self::Amx => has_amx_bf16(),
         }
+    }
+}
+
+fn has_amx_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::has_amx_bf16()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -98,7 +116,7 @@ pub fn body() -> Body {
 }
 
 /// Why this process multiplies bf16 values in f32 (the widened body), for
-/// a one-line note in the log; `None` when it runs `vdpbf16ps`.
+/// a one-line note in the log; `None` when it runs bf16 instructions.
 pub fn widened_because() -> Option<&'static str> {
     choice().1
 }
@@ -109,17 +127,34 @@ fn choice() -> (Body, Option<&'static str>) {
         let forced = std::env::var("PADFREE_BF16_MATMUL").ok();
         choose(
             forced.as_deref(),
-            Body::Avx512Bf16.available(),
-            packed::cpu_is_intel(),
+            Cpu {
+                amx_bf16: Body::Amx.available(),
+                avx512_bf16: Body::Avx512Bf16.available(),
+                intel: packed::cpu_is_intel(),
+            },
         )
     })
 }
 
+/// What [`choose`] reads of the CPU.
+#[derive(Debug, Clone, Copy)]
+pub struct Cpu {
+    /// AMX-BF16 with the tile state granted by the kernel.
+    pub amx_bf16: bool,
+    /// AVX512-BF16 (with F, BW and VL).
+    pub avx512_bf16: bool,
+    /// CPUID's vendor is Intel.
+    pub intel: bool,
+}
+
 /// The body for a `PADFREE_BF16_MATMUL` setting (`widened`,
-/// `avx512-bf16`; unset or anything else: by the CPU), a CPU with or without AVX512-BF16, by Intel
-/// or not, and why when it is the widened one. From the CPU alone, never
-/// from a timing, so that every process on a machine (a resumed run)
-/// computes the same bits.
+/// `avx512-bf16`, `amx`; unset or anything else: by the CPU) and a CPU,
+/// and why when it is the widened one. From the CPU alone, never from a
+/// timing, so that every process on a machine (a resumed run) computes
+/// the same bits. AMX first where it is there: on the same Intel Xeon
+/// (family 6, model 207) with the tile state granted, its body ran the
+/// 1024^3 product at 648-847 GFLOP/s against the f32 gemm's 181-298
+/// (docs/benchmarks/2026-12-05-bf16-amx.md).
 ///
 /// Intel's cores run `vdpbf16ps` on one port where they have two FMA
 /// units, so it promises no more FLOPs a cycle than f32 FMA; measured on
@@ -128,11 +163,12 @@ fn choice() -> (Body, Option<&'static str>) {
 /// against the widened body's 259.7, and SmolLM2-135M trained at 128-130
 /// real tokens/s against 165 (f32: 214-237). On AMD Zen 4 the same body
 /// ran 1.66x f32 (docs/benchmarks/2026-12-03-bf16.md).
-pub fn choose(
-    forced: Option<&str>,
-    has_avx512_bf16: bool,
-    intel: bool,
-) -> (Body, Option<&'static str>) {
+pub fn choose(forced: Option<&str>, cpu: Cpu) -> (Body, Option<&'static str>) {
+    let Cpu {
+        amx_bf16,
+        avx512_bf16: has_avx512_bf16,
+        intel,
+    } = cpu;
     match forced {
         Some("widened") => {
             return (
@@ -143,9 +179,12 @@ pub fn choose(
             );
         }
         Some("avx512-bf16") if has_avx512_bf16 => return (Body::Avx512Bf16, None),
+        Some("amx") if amx_bf16 => return (Body::Amx, None),
         _ => {}
     }
-    if !has_avx512_bf16 {
+    if amx_bf16 {
+        (Body::Amx, None)
+    } else if !has_avx512_bf16 {
         (
             Body::Widened,
             Some(
@@ -204,19 +243,19 @@ impl Weight16 {
 }
 
 /// Whether `--bf16`'s products read a bf16 copy of each weight (made once
-/// per optimizer step): yes for the `vdpbf16ps` body, which packs bf16
-/// values straight from it; no for the widened body, which would widen
+/// per optimizer step): yes for the `vdpbf16ps` and AMX bodies, which pack
+/// bf16 values straight from it; no for the widened body, which would widen
 /// the copy to f32 again in every product, so it reads the f32 master
 /// weight rounded, the same values, without the copy's pass over every
 /// weight each step and its 2 bytes a weight.
 pub fn reads_weight_copies() -> bool {
-    body() == Body::Avx512Bf16
+    body() != Body::Widened
 }
 
 /// Whether an f32 operand that two products read is best rounded once
 /// into a buffer of its own first ([`View16::rounded`]): with the widened
 /// body, which would otherwise widen it into a fresh buffer for each
-/// product; the `vdpbf16ps` body rounds as it packs, at no extra pass.
+/// product; the packed bodies round as they pack, at no extra pass.
 pub(crate) fn rounds_shared_operands_once() -> bool {
     body() == Body::Widened
 }
@@ -293,6 +332,11 @@ pub(crate) fn product_into_with(
             assert!(has_avx512_bf16(), "bf16 gemm: this CPU has no AVX512-BF16");
             packed::packed(dst, row_stride, a, b, write);
         }
+        Body::Amx => {
+            assert!(has_amx_bf16(), "bf16 gemm: this CPU has no AMX-BF16");
+            #[cfg(target_arch = "x86_64")]
+            amx::amx(dst, row_stride, a, b, write);
+        }
     }
 }
 
@@ -316,35 +360,47 @@ fn check(a: View16<'_>, b: View16<'_>) {
 
 #[cfg(test)]
 mod tests {
-    /// The choice from the CPU and the setting: the fast body only with
-    /// the instructions, on Intel only when forced; widened always says why.
+    /// The choice from the CPU and the setting: AMX first where it is
+    /// there, `vdpbf16ps` only with the instructions and on Intel only
+    /// when forced; widened always says why.
     #[test]
     fn the_body_is_chosen_from_the_cpu_and_the_setting() {
-        use super::{Body, choose};
+        use super::{Body, Cpu, choose};
+        let cpu = |amx_bf16, avx512_bf16, intel| Cpu {
+            amx_bf16,
+            avx512_bf16,
+            intel,
+        };
         let cases = [
-            // (setting, has AVX512-BF16, Intel) -> body
-            (None, true, false, Body::Avx512Bf16),
-            (None, true, true, Body::Widened),
-            (None, false, false, Body::Widened),
-            (None, false, true, Body::Widened),
-            (Some("auto"), true, true, Body::Widened),
-            (Some("avx512-bf16"), true, true, Body::Avx512Bf16),
-            (Some("avx512-bf16"), false, false, Body::Widened),
-            (Some("widened"), true, false, Body::Widened),
+            // (setting, AMX-BF16, AVX512-BF16, Intel) -> body
+            (None, false, true, false, Body::Avx512Bf16),
+            (None, false, true, true, Body::Widened),
+            (None, false, false, false, Body::Widened),
+            (None, false, false, true, Body::Widened),
+            (None, true, true, true, Body::Amx),
+            (Some("auto"), false, true, true, Body::Widened),
+            (Some("auto"), true, true, true, Body::Amx),
+            (Some("avx512-bf16"), false, true, true, Body::Avx512Bf16),
+            (Some("avx512-bf16"), true, true, true, Body::Avx512Bf16),
+            (Some("avx512-bf16"), false, false, false, Body::Widened),
+            (Some("amx"), false, true, true, Body::Widened),
+            (Some("amx"), true, true, true, Body::Amx),
+            (Some("widened"), false, true, false, Body::Widened),
+            (Some("widened"), true, true, true, Body::Widened),
         ];
-        for (setting, has, intel, expected) in cases {
-            let (body, why) = choose(setting, has, intel);
-            let case = format!("{setting:?}, AVX512-BF16 {has}, Intel {intel}");
+        for (setting, amx, has, intel, expected) in cases {
+            let (body, why) = choose(setting, cpu(amx, has, intel));
+            let case = format!("{setting:?}, AMX {amx}, AVX512-BF16 {has}, Intel {intel}");
             assert_eq!(body, expected, "{case}");
             assert_eq!(why.is_some(), body == Body::Widened, "{case}: {why:?}");
         }
         assert!(
-            choose(None, false, true)
+            choose(None, cpu(false, false, true))
                 .1
                 .is_some_and(|w| w.contains("no AVX512-BF16"))
         );
         assert!(
-            choose(None, true, true)
+            choose(None, cpu(false, true, true))
                 .1
                 .is_some_and(|w| w.contains("Intel"))
         );
@@ -370,12 +426,23 @@ mod tests {
     }
 
     fn bodies() -> Vec<Body> {
-        let all = [Body::Widened, Body::Avx512Bf16];
+        let all = [Body::Widened, Body::Avx512Bf16, Body::Amx];
         let available: Vec<Body> = all.into_iter().filter(|b| b.available()).collect();
-        if available.len() < all.len() {
-            eprintln!("NOTE: this CPU has no AVX512-BF16: only the widened body was tested");
+        for body in all.iter().filter(|b| !b.available()) {
+            eprintln!(
+                "NOTE: this CPU cannot run the {} body: not tested here",
+                body.name()
+            );
         }
         available
+    }
+
+    /// The bodies other than the oracle this CPU runs.
+    fn fast_bodies() -> Vec<Body> {
+        bodies()
+            .into_iter()
+            .filter(|&b| b != Body::Widened)
+            .collect()
     }
 
     /// Every layout the linear layer uses (`x W^T` with `x` bf16 or f32,
@@ -391,9 +458,11 @@ mod tests {
                 (1, 1, 1),
                 (13, 7, 33),
                 (15, 64, 31),
+                (33, 33, 17),
                 (113, 513, 65),
                 (230, 1100, 97),
                 (300, 200, 200),
+                (70, 2100, 40),
             ] {
                 let x = random(m * k, 1);
                 let w = random(n * k, 2);
@@ -432,25 +501,23 @@ mod tests {
     /// wider destination, the columns beside it untouched).
     #[test]
     fn fast_body_matches_the_widened_oracle_in_every_write_mode() {
-        if !Body::Avx512Bf16.available() {
-            eprintln!("NOTE: this CPU has no AVX512-BF16: the fast body was not run");
-            return;
-        }
-        let (m, k, n) = (301, 1030, 150);
+        let (m, k, n) = (301, 2090, 150);
         let x = random(m * k, 4);
         let w = round_slice(&random(n * k, 5));
         let (a, b) = (View16::f32(&x, m, k), View16::bf16(&w, n, k).t());
         let stride = n + 5;
-        for write in [Write::Set, Write::Add(-0.5)] {
-            let run = |body| {
-                let mut dst = vec![0.25f32; m * stride];
-                product_into_with(body, &mut dst, stride, a, b, write);
-                dst
-            };
-            let (fast, oracle) = (run(Body::Avx512Bf16), run(Body::Widened));
-            assert_within(&format!("{write:?}"), &fast, &oracle, 2e-6);
-            for i in 0..m {
-                assert_eq!(&fast[i * stride + n..(i + 1) * stride], &[0.25; 5]);
+        for body in fast_bodies() {
+            for write in [Write::Set, Write::Add(-0.5)] {
+                let run = |body| {
+                    let mut dst = vec![0.25f32; m * stride];
+                    product_into_with(body, &mut dst, stride, a, b, write);
+                    dst
+                };
+                let (fast, oracle) = (run(body), run(Body::Widened));
+                assert_within(&format!("{body:?} {write:?}"), &fast, &oracle, 2e-6);
+                for i in 0..m {
+                    assert_eq!(&fast[i * stride + n..(i + 1) * stride], &[0.25; 5]);
+                }
             }
         }
     }
@@ -464,18 +531,16 @@ mod tests {
         let x = random(m * k, 6);
         let w = round_slice(&random(n * k, 7));
         let (a, b) = (View16::f32(&x, m, k), View16::bf16(&w, n, k).t());
-        if !Body::Avx512Bf16.available() {
-            eprintln!("NOTE: this CPU has no AVX512-BF16: the fast body was not run");
-            return;
-        }
         // (The widened body's f32 gemm splits K by threads, as burn's does.)
-        let threaded = product_with(Body::Avx512Bf16, a, b);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .expect("a one-thread pool");
-        let single = pool.install(|| product_with(Body::Avx512Bf16, a, b));
-        assert_eq!(threaded, single);
+        for body in fast_bodies() {
+            let threaded = product_with(body, a, b);
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .expect("a one-thread pool");
+            let single = pool.install(|| product_with(body, a, b));
+            assert_eq!(threaded, single, "{body:?}");
+        }
     }
 
     /// The widened body reads an operand of bf16 values in place, said so

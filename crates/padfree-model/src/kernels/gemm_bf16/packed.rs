@@ -13,7 +13,7 @@ use crate::kernels::gemm::Write;
 /// of AVX-512's 32 vector registers.
 const MR: usize = 14;
 /// Columns of a micro-tile: two 16-lane registers.
-const NR: usize = 32;
+pub(super) const NR: usize = 32;
 /// The largest K block: A's block (112 x 512 bf16, 112 KiB) stays in L2.
 const KC: usize = 512;
 /// Output rows a thread takes at a time.
@@ -46,28 +46,91 @@ pub(super) fn packed(
     b: View16<'_>,
     write: Write,
 ) {
+    let blocking = Blocking {
+        kc: KC,
+        mr: MR,
+        mc: MC,
+        stride: |kc| kc.div_ceil(2),
+    };
+    drive(dst, row_stride, (a, b), write, blocking, |block| {
+        let mut a_pack = Vec::new();
+        // SAFETY: `packed` runs only where `has_avx512_bf16()` holds.
+        let layout = with_values!(a.values, v => unsafe {
+            pack_a_avx512(v, a, (block.i0, block.mc), (block.k0, block.kc), &mut a_pack)
+        });
+        let (mc, n, kc) = (block.mc, b.cols, block.kc);
+        let out = (block.rows, row_stride, block.add, block.factor);
+        match layout {
+            Layout::Rows => tiles::<true>(&a_pack, block.b_pack, mc, n, kc, out),
+            Layout::Panels => tiles::<false>(&a_pack, block.b_pack, mc, n, kc, out),
+        }
+    });
+}
+
+/// How a packed body blocks a product.
+pub(super) struct Blocking {
+    /// The largest K block.
+    pub kc: usize,
+    /// Rows of the micro-tile (row blocks are multiples of it).
+    pub mr: usize,
+    /// The largest row block a thread takes.
+    pub mc: usize,
+    /// The pairs a packed panel row holds for a K block of `kc` values.
+    pub stride: fn(usize) -> usize,
+}
+
+/// One row block of one K block, as [`drive`] hands it to a body.
+pub(super) struct RowBlock<'a> {
+    /// The block's first row and its row count.
+    pub i0: usize,
+    pub mc: usize,
+    /// The K block's first index and its length.
+    pub k0: usize,
+    pub kc: usize,
+    /// Pairs a packed row holds ([`Blocking::stride`]).
+    pub stride: usize,
+    /// Every panel of `B` for this K block ([`pack_b`]).
+    pub b_pack: &'a [u32],
+    /// The block's output rows, `row_stride` apart (the last may be short).
+    pub rows: &'a mut [f32],
+    /// Whether the product is added (times `factor`) rather than set.
+    pub add: bool,
+    pub factor: f32,
+}
+
+/// The blocking both packed bodies share: K in even blocks (576 is one
+/// block of 576, not 512 + 64; each even, so that only the last pair may be
+/// half empty), `B` packed once a K block, then the output's row blocks on
+/// rayon's threads (`body` packs its rows of `A` and runs its tiles). The
+/// first K block sets the output (or adds `factor` times it); later ones add
+/// theirs, times the same factor.
+pub(super) fn drive(
+    dst: &mut [f32],
+    row_stride: usize,
+    (a, b): (View16<'_>, View16<'_>),
+    write: Write,
+    blocking: Blocking,
+    body: impl Fn(RowBlock<'_>) + Sync,
+) {
     let (m, n, k) = (a.rows, b.cols, a.cols);
-    let blocks = k.div_ceil(KC);
-    // Even K blocks (576 is one block of 576, not 512 + 64), each even so
-    // that only the last pair may be half empty.
+    let blocks = k.div_ceil(blocking.kc);
     let kc_max = k.div_ceil(blocks).next_multiple_of(2);
-    let parallel = m.saturating_mul(n).saturating_mul(k) >= PARALLEL_OPS && m > MR;
+    let parallel = m.saturating_mul(n).saturating_mul(k) >= PARALLEL_OPS && m > blocking.mr;
     // At least four row blocks a thread where M allows, so that threads
     // finish together (the head's few hundred rows are 5 blocks of 112).
     let mc_max = if parallel {
         (m.div_ceil(4 * rayon::current_num_threads()))
-            .next_multiple_of(MR)
-            .clamp(MR, MC)
+            .next_multiple_of(blocking.mr)
+            .clamp(blocking.mr, blocking.mc)
     } else {
-        MC
+        blocking.mc
     };
     let region = (m - 1) * row_stride + n;
     let mut b_pack = Vec::new();
     for k0 in (0..k).step_by(kc_max) {
         let kc = kc_max.min(k - k0);
-        with_values!(b.values, v => pack_b(v, b, k0, kc, &mut b_pack));
-        // The first K block sets (or adds `factor` times); later ones add
-        // theirs, times the same factor.
+        let stride = (blocking.stride)(kc);
+        with_values!(b.values, v => pack_b(v, b, (k0, kc), stride, &mut b_pack));
         let (add, factor) = match write {
             Write::Set if k0 == 0 => (false, 1.0),
             Write::Set => (true, 1.0),
@@ -76,17 +139,17 @@ pub(super) fn packed(
         let b_pack = &b_pack;
         let run = |(block, rows): (usize, &mut [f32])| {
             let i0 = block * mc_max;
-            let mc = mc_max.min(m - i0);
-            let mut a_pack = Vec::new();
-            // SAFETY: `packed` runs only where `has_avx512_bf16()` holds.
-            let layout = with_values!(a.values, v => unsafe {
-                pack_a_avx512(v, a, (i0, mc), (k0, kc), &mut a_pack)
+            body(RowBlock {
+                i0,
+                mc: mc_max.min(m - i0),
+                k0,
+                kc,
+                stride,
+                b_pack,
+                rows,
+                add,
+                factor,
             });
-            let out = (rows, row_stride, add, factor);
-            match layout {
-                Layout::Rows => tiles::<true>(&a_pack, b_pack, mc, n, kc, out),
-                Layout::Panels => tiles::<false>(&a_pack, b_pack, mc, n, kc, out),
-            }
         };
         let region = &mut dst[..region];
         if parallel {
@@ -106,7 +169,7 @@ pub(super) fn packed(
 /// `out[p] = line[2p] | line[2p + 1] << 16` as bf16 bits (the last pair's
 /// high half zero when `line` is odd): one row's K pairs, vectorised.
 #[inline(always)]
-fn pairs_of<E: Element>(line: &[E], out: &mut [u32]) {
+pub(super) fn pairs_of<E: Element>(line: &[E], out: &mut [u32]) {
     let mut two = line.chunks_exact(2);
     for (o, pair) in out.iter_mut().zip(&mut two) {
         *o = pair[0].bits() | (pair[1].bits() << 16);
@@ -118,7 +181,7 @@ fn pairs_of<E: Element>(line: &[E], out: &mut [u32]) {
 
 /// `out[c] = lo[c] | hi[c] << 16` (or `lo` alone): two K lines interleaved, vectorised.
 #[inline(always)]
-fn interleave<E: Element>(lo: &[E], hi: Option<&[E]>, out: &mut [u32]) {
+pub(super) fn interleave<E: Element>(lo: &[E], hi: Option<&[E]>, out: &mut [u32]) {
     match hi {
         Some(hi) => {
             for ((o, l), h) in out.iter_mut().zip(lo).zip(hi) {
@@ -222,15 +285,29 @@ fn pack_a<E: Element>(
 }
 
 /// K `k0..k0 + kc` of every column of `b` (whose values are `v`) as panels
-/// of `NR` columns: `[panel][pair][NR]` pairs of bf16, zeros past the
-/// edges; panels on rayon's threads, each compiled for AVX-512.
-fn pack_b<E: Element>(v: &[E], b: View16<'_>, k0: usize, kc: usize, out: &mut Vec<u32>) {
+/// of `NR` columns: `[panel][pair][NR]` pairs of bf16, `stride` pairs a
+/// panel (at least `kc / 2`: the AMX body pads K to whole tiles), zeros
+/// past the edges; panels on rayon's threads, each compiled for AVX-512
+/// (every CPU that runs a packed body has it).
+pub(super) fn pack_b<E: Element>(
+    v: &[E],
+    b: View16<'_>,
+    (k0, kc): (usize, usize),
+    stride: usize,
+    out: &mut Vec<u32>,
+) {
     let pairs = kc.div_ceil(2);
+    assert!(
+        stride >= pairs,
+        "bf16 pack: {stride} pairs a panel for {pairs}"
+    );
     let n = b.cols;
     out.clear();
-    out.resize(n.div_ceil(NR) * pairs * NR, 0);
+    out.resize(n.div_ceil(NR) * stride * NR, 0);
     let body = |(panel, dst): (usize, &mut [u32])| {
-        // SAFETY: `packed` runs only where `has_avx512_bf16()` holds.
+        let dst = &mut dst[..pairs * NR];
+        // SAFETY: the packed bodies run only where AVX512F, BW and VL are
+        // (`has_avx512_bf16()` or `amx::has_amx_bf16()`).
         #[cfg(target_arch = "x86_64")]
         unsafe {
             pack_b_panel_avx512(v, b, (k0, kc), panel, dst);
@@ -239,9 +316,9 @@ fn pack_b<E: Element>(v: &[E], b: View16<'_>, k0: usize, kc: usize, out: &mut Ve
         pack_b_panel(v, b, (k0, kc), panel, dst);
     };
     if n * kc >= 1 << 16 {
-        out.par_chunks_mut(pairs * NR).enumerate().for_each(body);
+        out.par_chunks_mut(stride * NR).enumerate().for_each(body);
     } else {
-        out.chunks_mut(pairs * NR).enumerate().for_each(body);
+        out.chunks_mut(stride * NR).enumerate().for_each(body);
     }
 }
 
