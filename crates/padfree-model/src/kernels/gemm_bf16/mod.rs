@@ -496,6 +496,36 @@ mod tests {
         }
     }
 
+    /// Operands with neither stride 1 (every other value of a wider
+    /// matrix): the packings' value-by-value branches, which no layer's
+    /// layout takes, against the triple loop in every body.
+    #[test]
+    fn every_body_reads_views_strided_both_ways() {
+        for (m, k, n) in [(5, 7, 3), (40, 70, 35), (33, 1100, 20)] {
+            let x = random(m * 2 * k, 41);
+            let w = round_slice(&random(k * 2 * n, 42));
+            fn strided(view: View16<'_>, row_stride: usize) -> View16<'_> {
+                View16 {
+                    row_stride,
+                    col_stride: 2,
+                    ..view
+                }
+            }
+            let a = strided(View16::f32(&x, m, k), 2 * k);
+            let b = strided(View16::bf16(&w, k, n), 2 * n);
+            let want: Vec<f32> = naive(a, b).iter().map(|&v| v as f32).collect();
+            for body in bodies() {
+                let got = product_with(body, a, b);
+                assert_within(
+                    &format!("{body:?} strided [{m},{k},{n}]"),
+                    &got,
+                    &want,
+                    2e-6,
+                );
+            }
+        }
+    }
+
     /// The fast body against its oracle, the widened one, at a linear
     /// layer's size (threads, several K blocks, every write mode into a
     /// wider destination, the columns beside it untouched).
