@@ -1,8 +1,9 @@
 //! The AMX-BF16 body of the bf16 products (Intel Sapphire Rapids and
-//! later): both operands packed into bf16 pairs as for the `vdpbf16ps`
-//! body (`packed.rs`: `B` in the same `[panel][pair][32]` panels, `A` row
-//! by row), K padded with zeros to whole tiles, and a 32x32 micro-kernel
-//! of four `tdpbf16ps` on 16x16 f32 tiles. AMX's intrinsics and its
+//! later): both operands packed into bf16 pairs (`B` in the `vdpbf16ps`
+//! body's `[panel][pair][32]` panels, `packed.rs`; `A` tile by tile, each
+//! 1 KiB in one piece), both on cache lines ([`Pack`]), K padded with
+//! zeros to whole tiles, and a 32x32 micro-kernel of four `tdpbf16ps` on
+//! 16x16 f32 tiles. AMX's intrinsics and its
 //! `is_x86_feature_detected!` name are unstable in Rust 1.95, so the tile
 //! instructions are `asm!` and the CPU is asked through CPUID and the
 //! kernel's `arch_prctl` permission. Run only where [`has_amx_bf16`] holds
@@ -11,13 +12,15 @@
 //! The module is compiled on x86-64 only (`gemm_bf16/mod.rs`).
 //!
 //! An output value sums its K products in tile order (the hardware's
-//! order within a tile, K blocks in turn), whatever the thread count.
+//! order within a tile, K blocks in turn) onto what the output held
+//! (unless the sum is scaled), whatever the thread count and wherever its
+//! row and column lie.
 #![allow(unsafe_code)]
 
 use std::sync::OnceLock;
 
 use super::operand::{Element, Values, View16, with_values};
-use super::packed::{Blocking, NR, drive, interleave, pairs_of};
+use super::packed::{Blocking, NR, Pack, drive, interleave, pairs_of};
 use crate::kernels::gemm::Write;
 
 /// Rows of a micro-tile: two `A` tiles of 16 rows (tiles 4 and 5).
@@ -92,7 +95,7 @@ pub(super) fn amx(dst: &mut [f32], row_stride: usize, a: View16<'_>, b: View16<'
         stride: |kc| kc.div_ceil(2).next_multiple_of(TILE_PAIRS),
     };
     drive(dst, row_stride, (a, b), write, blocking, |block| {
-        let mut a_pack = Vec::new();
+        let mut a_pack = Pack::default();
         let (i0, mc, stride) = (block.i0, block.mc, block.stride);
         // SAFETY: `amx` runs only where `has_amx_bf16()` holds, which
         // includes AVX512F, BW and VL.
@@ -100,13 +103,30 @@ pub(super) fn amx(dst: &mut [f32], row_stride: usize, a: View16<'_>, b: View16<'
             pack_a_avx512(v, a, (i0, mc), (block.k0, block.kc), stride, &mut a_pack)
         });
         let out = (block.rows, row_stride, block.add, block.factor);
-        tiles(&a_pack, block.b_pack, mc, b.cols, stride, out);
+        // SAFETY: as above.
+        unsafe { tiles_avx512(a_pack.values(), block.b_pack, mc, b.cols, stride, out) };
     });
 }
 
+/// Pairs one K step of a micro-tile's `A` takes: its two tiles, 32 rows
+/// of 16 pairs, one after the other (2 KiB).
+const STEP: usize = MR * TILE_PAIRS;
+
+/// Where row `r` (of a row block), pair `p` lies in a packed `A`:
+/// `[panel][step][row][16 pairs]`, so that a tile is 1 KiB in one piece
+/// (rows 64 bytes apart) and a panel's K steps follow each other. Rows of
+/// `stride` pairs one after the other put a wide K block's rows 2 KiB
+/// apart: a tile's 16 rows then fell in two of L1's 64 sets and were
+/// 16 streams to the prefetcher.
+#[inline(always)]
+fn a_at(r: usize, p: usize, stride: usize) -> usize {
+    (r / MR) * MR * stride + (p / TILE_PAIRS) * STEP + (r % MR) * TILE_PAIRS + p % TILE_PAIRS
+}
+
 /// Rows `i0..i0 + mc`, K `k0..k0 + kc` of `a` (whose values are `v`) as
-/// `[row][stride]` pairs of bf16 (even K in the low half), the layout an
-/// `A` tile loads; zeros past the edges, rows to a whole micro-tile.
+/// pairs of bf16 (even K in the low half) laid out as [`a_at`] says, the
+/// tiles an `A` tile loads; zeros past the edges, rows to a whole
+/// micro-tile.
 #[inline(always)]
 fn pack_a<E: Element>(
     v: &[E],
@@ -114,33 +134,40 @@ fn pack_a<E: Element>(
     (i0, mc): (usize, usize),
     (k0, kc): (usize, usize),
     stride: usize,
-    out: &mut Vec<u32>,
+    out: &mut Pack,
 ) {
     let pairs = kc.div_ceil(2);
-    out.clear();
-    out.resize(mc.next_multiple_of(MR) * stride, 0);
+    let out = out.zeroed(mc.next_multiple_of(MR) * stride);
     if a.col_stride == 1 {
-        for (r, line) in out.chunks_exact_mut(stride).take(mc).enumerate() {
+        // A row's pairs in one vectorised pass, then cut into its steps
+        // (the tail past K stays zero).
+        let mut line = vec![0u32; stride];
+        for r in 0..mc {
             let from = (i0 + r) * a.row_stride + k0;
             pairs_of(&v[from..from + kc], &mut line[..pairs]);
+            for (s, chunk) in line.as_chunks::<TILE_PAIRS>().0.iter().enumerate() {
+                let to = a_at(r, s * TILE_PAIRS, stride);
+                // (Arrays, so that the 64-byte copy is inlined, not a call.)
+                out[to..to + TILE_PAIRS].as_chunks_mut::<TILE_PAIRS>().0[0] = *chunk;
+            }
         }
     } else if a.row_stride == 1 {
         // Columns contiguous along M (`dy^T`, K the tokens): two K lines
-        // at a time, read once, each row's pair into its line (16
-        // consecutive pairs share a row's cache line).
+        // at a time, read once, each row's pair into its place (the block's
+        // rows of one step lie within a few KiB, in L1 for 16 pairs).
         let mut pair = vec![0u32; mc];
         for p in 0..pairs {
             let from = (k0 + 2 * p) * a.col_stride + i0;
             let lo = &v[from..from + mc];
             let hi = (2 * p + 1 < kc).then(|| &v[from + a.col_stride..from + a.col_stride + mc]);
             interleave(lo, hi, &mut pair);
-            for (line, &value) in out.chunks_exact_mut(stride).zip(&pair) {
-                line[p] = value;
+            for (r, &value) in pair.iter().enumerate() {
+                out[a_at(r, p, stride)] = value;
             }
         }
     } else {
-        for (r, line) in out.chunks_exact_mut(stride).take(mc).enumerate() {
-            for (p, slot) in line[..pairs].iter_mut().enumerate() {
+        for r in 0..mc {
+            for p in 0..pairs {
                 let at = |k: usize| (i0 + r) * a.row_stride + k * a.col_stride;
                 let k = k0 + 2 * p;
                 let hi = if k + 1 < k0 + kc {
@@ -148,7 +175,7 @@ fn pack_a<E: Element>(
                 } else {
                     0
                 };
-                *slot = v[at(k)].bits() | (hi << 16);
+                out[a_at(r, p, stride)] = v[at(k)].bits() | (hi << 16);
             }
         }
     }
@@ -165,15 +192,25 @@ unsafe fn pack_a_avx512<E: Element>(
     rows: (usize, usize),
     k: (usize, usize),
     stride: usize,
-    out: &mut Vec<u32>,
+    out: &mut Pack,
 ) {
     pack_a(v, a, rows, k, stride, out);
 }
 
 /// Every micro-tile of one row block: `rows` holds the block's output rows
 /// (`row_stride` apart; the last may be short), `a_pack` the block's
-/// `[row][stride]` pairs, `b_pack` every panel's `[stride][NR]`. The tiles
-/// are configured on this thread for the block and released after it.
+/// panels ([`a_at`]), `b_pack` every panel's `[stride][NR]`. The tiles are
+/// configured on this thread for the block and released after it.
+///
+/// Where the output is set, or added to unscaled (a later K block, or
+/// gradients accumulated), the C tiles start from the output itself and
+/// are stored back into it: a whole micro-tile is loaded and stored in
+/// place, an edge one through a 32x32 copy. Every value therefore sums
+/// its products onto what the output held, in one order wherever its row
+/// and column lie (padded and flattened batches place rows differently).
+/// A scaled sum (`factor` other than 1) is summed from zero and added
+/// times `factor`, also the same for every tile.
+#[inline(always)]
 fn tiles(
     a_pack: &[u32],
     b_pack: &[u32],
@@ -191,29 +228,101 @@ fn tiles(
         a_pack.len(),
         b_pack.len()
     );
-    let mut tile = [0.0f32; MR * NR];
+    let in_place = !add || factor == 1.0;
+    // Tile loads and stores that straddle cache lines cost several times
+    // more: C goes through a tile-sized copy on a line unless the
+    // output's rows lie on lines.
+    let base = rows.as_ptr() as usize;
+    let lined = |at: usize| (base + 4 * at).is_multiple_of(64) && row_stride.is_multiple_of(16);
+    let mut tile = Lined([0.0f32; MR * NR]);
+    let tile = &mut tile.0;
     let _tiles = Tiles::configure();
     for panel_j in 0..n.div_ceil(NR) {
         let b_panel = &b_pack[panel_j * stride * NR..(panel_j + 1) * stride * NR];
         let (col0, nc) = (panel_j * NR, NR.min(n - panel_j * NR));
         for panel_i in 0..mc.div_ceil(MR) {
             let a_panel = &a_pack[panel_i * MR * stride..(panel_i + 1) * MR * stride];
-            // SAFETY: the tiles are configured (`_tiles`); the lengths were
-            // checked above: `a_panel` holds `MR` rows of `stride` pairs,
-            // `b_panel` `stride` rows of `NR`, `tile` `MR x NR` values, and
-            // `stride` is a positive multiple of `TILE_PAIRS`.
-            unsafe { micro(a_panel.as_ptr(), b_panel.as_ptr(), stride, &mut tile) };
             let (row0, mr) = (panel_i * MR, MR.min(mc - panel_i * MR));
-            for r in 0..mr {
-                let start = (row0 + r) * row_stride + col0;
+            let first = row0 * row_stride + col0;
+            if in_place && mr == MR && nc == NR && lined(first) {
+                let last = first + (MR - 1) * row_stride + NR;
+                assert!(
+                    last <= rows.len(),
+                    "bf16 AMX tiles: output rows end at {}",
+                    rows.len()
+                );
+                // SAFETY: the tiles are configured (`_tiles`); `a_panel`
+                // holds `MR * stride` pairs, `b_panel` `stride * NR` (both
+                // checked above); the output's 32 rows of 32 from `first`,
+                // `row_stride` apart, lie within `rows` (just asserted);
+                // `stride` is a positive multiple of `TILE_PAIRS`.
+                unsafe {
+                    micro(
+                        a_panel.as_ptr(),
+                        b_panel.as_ptr(),
+                        stride,
+                        (rows[first..last].as_mut_ptr(), row_stride, add),
+                    );
+                }
+                continue;
+            }
+            let out_rows = || (0..mr).map(|r| (row0 + r) * row_stride + col0);
+            if in_place && add {
+                for (r, start) in out_rows().enumerate() {
+                    for (t, &o) in tile[r * NR..r * NR + nc]
+                        .iter_mut()
+                        .zip(&rows[start..start + nc])
+                    {
+                        *t = o;
+                    }
+                }
+            }
+            // SAFETY: as above, with `tile`'s `MR` rows of `NR`.
+            unsafe {
+                micro(
+                    a_panel.as_ptr(),
+                    b_panel.as_ptr(),
+                    stride,
+                    (tile.as_mut_ptr(), NR, in_place && add),
+                );
+            }
+            for (r, start) in out_rows().enumerate() {
                 let out = &mut rows[start..start + nc];
-                for (o, &v) in out.iter_mut().zip(&tile[r * NR..r * NR + nc]) {
-                    *o = if add { *o + factor * v } else { v };
+                let tile = &tile[r * NR..r * NR + nc];
+                if in_place {
+                    for (o, &v) in out.iter_mut().zip(tile) {
+                        *o = v;
+                    }
+                } else {
+                    for (o, &v) in out.iter_mut().zip(tile) {
+                        *o += factor * v;
+                    }
                 }
             }
         }
     }
 }
+
+/// [`tiles`] compiled for AVX-512 (the copies of edge tiles and the
+/// scaled sums vectorise 16 wide).
+///
+/// # Safety
+/// The CPU has AMX-BF16 and AVX512F, BW and VL ([`has_amx_bf16`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn tiles_avx512(
+    a_pack: &[u32],
+    b_pack: &[u32],
+    mc: usize,
+    n: usize,
+    stride: usize,
+    out: (&mut [f32], usize, bool, f32),
+) {
+    tiles(a_pack, b_pack, mc, n, stride, out);
+}
+
+/// A micro-tile's values on a cache line.
+#[repr(C, align(64))]
+struct Lined([f32; MR * NR]);
 
 /// This thread's tile configuration, released when dropped (a thread that
 /// holds tile state makes every context switch save 8 KiB more).
@@ -264,41 +373,65 @@ impl Drop for Tiles {
     }
 }
 
-/// One 32x32 tile of `a b` into `c` (row-major, `NR` a row): `a` is `MR`
-/// rows of `stride` pairs, `b` `stride` rows of `NR` columns' pairs; K in
-/// steps of 16 pairs, four `tdpbf16ps` a step.
+/// One 32x32 tile of `a b` into `c`: `a` is a panel of `MR` rows packed
+/// as [`a_at`] says, `b` `stride` rows of `NR` columns' pairs; K in steps
+/// of 16 pairs, four `tdpbf16ps` a step. `c` is 32 rows of 32 values,
+/// `c_stride` values apart; its tiles start from its values where `load`
+/// holds, from zero otherwise, and are stored back into it.
 ///
 /// # Safety
 /// The tiles are configured on this thread ([`Tiles::configure`]); `a`
-/// is valid for `MR * stride` values, `b` for `stride * NR`; `stride` is a
+/// is valid for `MR * stride` values, `b` for `stride * NR`, `c` for
+/// reads and writes of `(MR - 1) * c_stride + NR` values; `stride` is a
 /// positive multiple of `TILE_PAIRS`.
-unsafe fn micro(a: *const u32, b: *const u32, stride: usize, c: &mut [f32; MR * NR]) {
+unsafe fn micro(
+    a: *const u32,
+    b: *const u32,
+    stride: usize,
+    (c, c_stride, load): (*mut f32, usize, bool),
+) {
     let steps = stride / TILE_PAIRS;
-    let a_row_bytes = stride * 4;
+    let a_row_bytes = TILE_PAIRS * 4;
     let b_row_bytes = NR * 4;
-    let c_row_bytes = NR * 4;
-    let c = c.as_mut_ptr();
-    // SAFETY: the caller's bounds: the loads read 16 rows of 64 bytes at
-    // `a` and `a + 16 rows` (`a_row_bytes` apart) and at `b` and `b + 64`
-    // (`b_row_bytes` apart), `steps` times moving 64 bytes along `a`'s
-    // rows and 16 rows down `b`; the stores write `c`'s 32 rows of 128.
+    let c_row_bytes = c_stride * 4;
+    // SAFETY: the caller's bounds: C's loads and stores cover 16 rows of
+    // 64 bytes at `c`, `c + 64`, `c + 16 rows` and `c + 16 rows + 64`
+    // (`c_row_bytes` apart): `c`'s 32 rows of 32 values. Nothing between
+    // the two `asm!` blocks touches the tiles (Rust never does).
     unsafe {
+        if load {
+            std::arch::asm!(
+                "tileloadd tmm0, [{c} + {sc} * 1]",
+                "tileloadd tmm1, [{c} + {sc} * 1 + 64]",
+                "tileloadd tmm2, [{c16} + {sc} * 1]",
+                "tileloadd tmm3, [{c16} + {sc} * 1 + 64]",
+                c = in(reg) c,
+                c16 = in(reg) c.add(16 * c_stride),
+                sc = in(reg) c_row_bytes,
+                options(nostack, readonly, preserves_flags)
+            );
+        } else {
+            std::arch::asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem, preserves_flags)
+            );
+        }
+        // Each step's two `A` tiles are 2 KiB in one piece (rows 64 bytes
+        // apart); `B`'s 16 pair rows of 128 bytes hold both `B` tiles.
         std::arch::asm!(
-            "tilezero tmm0",
-            "tilezero tmm1",
-            "tilezero tmm2",
-            "tilezero tmm3",
             "2:",
             "tileloadd tmm4, [{a} + {sa} * 1]",
-            "tileloadd tmm5, [{a16} + {sa} * 1]",
+            "tileloadd tmm5, [{a} + {sa} * 1 + 1024]",
             "tileloadd tmm6, [{b} + {sb} * 1]",
             "tileloadd tmm7, [{b} + {sb} * 1 + 64]",
             "tdpbf16ps tmm0, tmm4, tmm6",
             "tdpbf16ps tmm1, tmm4, tmm7",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a}, 64",
-            "add {a16}, 64",
+            "add {a}, 2048",
             "add {b}, {b_step}",
             "dec {steps}",
             "jnz 2b",
@@ -307,14 +440,13 @@ unsafe fn micro(a: *const u32, b: *const u32, stride: usize, c: &mut [f32; MR * 
             "tilestored [{c16} + {sc} * 1], tmm2",
             "tilestored [{c16} + {sc} * 1 + 64], tmm3",
             a = inout(reg) a => _,
-            a16 = inout(reg) a.add(16 * stride) => _,
             b = inout(reg) b => _,
             steps = inout(reg) steps => _,
             sa = in(reg) a_row_bytes,
             sb = in(reg) b_row_bytes,
             b_step = in(reg) TILE_PAIRS * b_row_bytes,
             c = in(reg) c,
-            c16 = in(reg) c.add(16 * NR),
+            c16 = in(reg) c.add(16 * c_stride),
             sc = in(reg) c_row_bytes,
             options(nostack)
         );

@@ -573,6 +573,53 @@ mod tests {
         }
     }
 
+    /// A row's result does not depend on where the row lies: in a whole
+    /// micro-tile or an edge one, its output on a cache line or not (the
+    /// AMX body stores whole tiles in place only there). Padded and
+    /// flattened batches place an example's rows differently and their
+    /// results are compared bit for bit. Every write mode, edge columns,
+    /// two K blocks, output rows of 112 values (whole lines) of which the
+    /// product sets 70, each holding a value of its row and column first.
+    #[test]
+    fn a_rows_result_does_not_depend_on_where_it_lies() {
+        let (m, k, n, stride) = (70, 2100, 70, 112);
+        // (rows moved, values off a cache line)
+        let places = [(0, 0), (3, 0), (0, 5), (5, 3), (32, 0)];
+        let x = random((m + 32) * k, 51);
+        let w = round_slice(&random(n * k, 52));
+        let b = View16::bf16(&w, n, k).t();
+        for body in fast_bodies() {
+            for write in [Write::Set, Write::Add(1.0), Write::Add(-0.5)] {
+                // Rows `shift..shift + m` of `x`; output row `r` is `x`'s
+                // row `r + shift`.
+                let run = |(shift, off): (usize, usize)| {
+                    let a = View16::f32(&x[shift * k..(shift + m) * k], m, k);
+                    let mut buf = vec![0.0f32; 16 + off + m * stride];
+                    let at = buf.as_ptr().align_offset(64).min(15) + off;
+                    let dst = &mut buf[at..at + m * stride];
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        let (r, c) = (i / stride + shift, i % stride);
+                        *d = (r % 7) as f32 * 0.25 + c as f32 * 0.125;
+                    }
+                    product_into_with(body, dst, stride, a, b, write);
+                    dst.to_vec()
+                };
+                let first = run(places[0]);
+                for (shift, off) in places {
+                    let moved = run((shift, off));
+                    for r in 0..m - shift {
+                        assert_eq!(
+                            moved[r * stride..(r + 1) * stride],
+                            first[(r + shift) * stride..(r + shift + 1) * stride],
+                            "{body:?} {write:?}: row {} moved by {shift} rows, {off} values off a line",
+                            r + shift
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// The widened body reads an operand of bf16 values in place, said so
     /// (`View16::rounded`) or found so (f32 values that are bf16 already),
     /// and computes what it computes on a widened copy: the same bits, for
