@@ -421,8 +421,19 @@ unsafe fn micro(
         }
         // Each step's two `A` tiles are 2 KiB in one piece (rows 64 bytes
         // apart); `B`'s 16 pair rows of 128 bytes hold both `B` tiles.
+        // Each step first asks for the step after next's 32 + 32 lines in
+        // L1 (`prefetcht0`, which never faults, past the packs too): a
+        // tile load from L2 waits for its 16 lines, and the hardware's own
+        // prefetchers leave that wait (model-shape products 6% faster in
+        // 21 of 24 interleaved pairs; four steps ahead was no better).
         std::arch::asm!(
             "2:",
+            ".set padfree_amx_ahead, 4096",
+            ".rept 32",
+            "prefetcht0 [{a} + padfree_amx_ahead]",
+            "prefetcht0 [{b} + padfree_amx_ahead]",
+            ".set padfree_amx_ahead, padfree_amx_ahead + 64",
+            ".endr",
             "tileloadd tmm4, [{a} + {sa} * 1]",
             "tileloadd tmm5, [{a} + {sa} * 1 + 1024]",
             "tileloadd tmm6, [{b} + {sb} * 1]",
@@ -432,7 +443,7 @@ unsafe fn micro(
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
             "add {a}, 2048",
-            "add {b}, {b_step}",
+            "add {b}, 2048",
             "dec {steps}",
             "jnz 2b",
             "tilestored [{c} + {sc} * 1], tmm0",
@@ -444,7 +455,6 @@ unsafe fn micro(
             steps = inout(reg) steps => _,
             sa = in(reg) a_row_bytes,
             sb = in(reg) b_row_bytes,
-            b_step = in(reg) TILE_PAIRS * b_row_bytes,
             c = in(reg) c,
             c16 = in(reg) c.add(16 * c_stride),
             sc = in(reg) c_row_bytes,
