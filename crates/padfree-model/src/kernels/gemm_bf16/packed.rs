@@ -568,3 +568,25 @@ unsafe fn micro_avx512_bf16<const ROWS: bool>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Pack;
+
+    /// A pack's values start on a cache line, are as many as asked and all
+    /// zero, also when the buffer is reused for another size (tile loads
+    /// off a line cost six times as much; `malloc` aligns to 16 bytes).
+    #[test]
+    fn a_pack_hands_out_zeros_on_a_cache_line() {
+        let mut pack = Pack::default();
+        for len in [1, 15, 16, 1000, 4096, 3, 70_000] {
+            let values = pack.zeroed(len);
+            assert_eq!(values.len(), len);
+            assert!(values.iter().all(|&v| v == 0), "{len} values");
+            assert_eq!(values.as_ptr() as usize % 64, 0, "{len} values");
+            values.fill(7);
+            assert_eq!(pack.values().len(), len);
+            assert!(pack.values().iter().all(|&v| v == 7));
+        }
+    }
+}
