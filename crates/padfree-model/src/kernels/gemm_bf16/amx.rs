@@ -111,6 +111,13 @@ pub(super) fn amx(dst: &mut [f32], row_stride: usize, a: View16<'_>, b: View16<'
 /// Pairs one K step of a micro-tile's `A` takes: its two tiles, 32 rows
 /// of 16 pairs, one after the other (2 KiB).
 const STEP: usize = MR * TILE_PAIRS;
+/// Bytes a K step reads of `A` (both tiles) and of `B` (16 pair rows of
+/// `NR` columns, both tiles); equal, so one prefetch distance serves both.
+const A_STEP_BYTES: usize = STEP * 4;
+const B_STEP_BYTES: usize = TILE_PAIRS * NR * 4;
+const _: () = assert!(A_STEP_BYTES == B_STEP_BYTES);
+/// How many K steps ahead the micro-kernel prefetches.
+const PREFETCH_STEPS: usize = 2;
 
 /// Where row `r` (of a row block), pair `p` lies in a packed `A`:
 /// `[panel][step][row][16 pairs]`, so that a tile is 1 KiB in one piece
@@ -394,10 +401,15 @@ unsafe fn micro(
     let a_row_bytes = TILE_PAIRS * 4;
     let b_row_bytes = NR * 4;
     let c_row_bytes = c_stride * 4;
-    // SAFETY: the caller's bounds: C's loads and stores cover 16 rows of
+    // SAFETY: the caller's bounds. C's loads and stores cover 16 rows of
     // 64 bytes at `c`, `c + 64`, `c + 16 rows` and `c + 16 rows + 64`
-    // (`c_row_bytes` apart): `c`'s 32 rows of 32 values. Nothing between
-    // the two `asm!` blocks touches the tiles (Rust never does).
+    // (`c_row_bytes` apart): `c`'s 32 rows of 32 values. Each of the
+    // `steps` steps loads `A_STEP_BYTES` at `a` (two tiles of 16 rows of
+    // 64 bytes, one after the other) and `B_STEP_BYTES` at `b` (16 rows of
+    // 128 bytes, a tile in each half), then moves both on: `MR * stride`
+    // values of `a` and `stride * NR` of `b` in all. The prefetches read
+    // nothing architecturally and never fault. Nothing between the two
+    // `asm!` blocks touches the tiles (Rust never does).
     unsafe {
         if load {
             std::arch::asm!(
@@ -428,8 +440,8 @@ unsafe fn micro(
         // 21 of 24 interleaved pairs; four steps ahead was no better).
         std::arch::asm!(
             "2:",
-            ".set padfree_amx_ahead, 4096",
-            ".rept 32",
+            ".set padfree_amx_ahead, {ahead}",
+            ".rept {lines}",
             "prefetcht0 [{a} + padfree_amx_ahead]",
             "prefetcht0 [{b} + padfree_amx_ahead]",
             ".set padfree_amx_ahead, padfree_amx_ahead + 64",
@@ -442,8 +454,8 @@ unsafe fn micro(
             "tdpbf16ps tmm1, tmm4, tmm7",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a}, 2048",
-            "add {b}, 2048",
+            "add {a}, {a_step}",
+            "add {b}, {b_step}",
             "dec {steps}",
             "jnz 2b",
             "tilestored [{c} + {sc} * 1], tmm0",
@@ -455,6 +467,10 @@ unsafe fn micro(
             steps = inout(reg) steps => _,
             sa = in(reg) a_row_bytes,
             sb = in(reg) b_row_bytes,
+            a_step = const A_STEP_BYTES,
+            b_step = const B_STEP_BYTES,
+            ahead = const PREFETCH_STEPS * A_STEP_BYTES,
+            lines = const A_STEP_BYTES / 64,
             c = in(reg) c,
             c16 = in(reg) c.add(16 * c_stride),
             sc = in(reg) c_row_bytes,
