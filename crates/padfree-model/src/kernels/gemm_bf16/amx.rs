@@ -20,7 +20,7 @@
 use std::sync::OnceLock;
 
 use super::operand::{Element, Values, View16, with_values};
-use super::packed::{Blocking, NR, Pack, drive, interleave, pairs_of};
+use super::packed::{Blocking, NR, OperandB, Pack, drive, interleave, pairs_of};
 use crate::kernels::gemm::Write;
 
 /// Rows of a micro-tile: two `A` tiles of 16 rows (tiles 4 and 5).
@@ -86,27 +86,42 @@ fn tile_data_permitted() -> bool {
 }
 
 /// The AMX body: pack, then 32x32 micro-tiles of `tdpbf16ps`.
-pub(super) fn amx(dst: &mut [f32], row_stride: usize, a: View16<'_>, b: View16<'_>, write: Write) {
-    let blocking = Blocking {
-        kc: KC,
-        mr: MR,
-        mc: MC,
-        // Pairs a packed row holds: whole tiles, zeros past K.
-        stride: |kc| kc.div_ceil(2).next_multiple_of(TILE_PAIRS),
-    };
-    drive(dst, row_stride, (a, b), write, blocking, |block| {
-        let mut a_pack = Pack::default();
-        let (i0, mc, stride) = (block.i0, block.mc, block.stride);
-        // SAFETY: `amx` runs only where `has_amx_bf16()` holds, which
-        // includes AVX512F, BW and VL.
-        with_values!(a.values, v => unsafe {
-            pack_a_avx512(v, a, (i0, mc), (block.k0, block.kc), stride, &mut a_pack)
-        });
-        let out = (block.rows, row_stride, block.add, block.factor);
-        // SAFETY: as above.
-        unsafe { tiles_avx512(a_pack.values(), block.b_pack, mc, b.cols, stride, out) };
-    });
+pub(super) fn amx(
+    dst: &mut [f32],
+    row_stride: usize,
+    a: View16<'_>,
+    b: OperandB<'_>,
+    write: Write,
+) {
+    let n = b.cols();
+    drive(
+        dst,
+        row_stride,
+        (a, b),
+        write,
+        &BLOCKING,
+        |block, a_pack| {
+            let (i0, mc, stride) = (block.i0, block.mc, block.stride);
+            // SAFETY: `amx` runs only where `has_amx_bf16()` holds, which
+            // includes AVX512F, BW and VL.
+            with_values!(a.values, v => unsafe {
+                pack_a_avx512(v, a, (i0, mc), (block.k0, block.kc), stride, a_pack)
+            });
+            let out = (block.rows, row_stride, block.add, block.factor);
+            // SAFETY: as above.
+            unsafe { tiles_avx512(a_pack.values(), block.b_pack, mc, n, stride, out) };
+        },
+    );
 }
+
+/// How this body blocks its products: pairs a packed row holds are whole
+/// tiles, zeros past K.
+pub(super) static BLOCKING: Blocking = Blocking {
+    kc: KC,
+    mr: MR,
+    mc: MC,
+    stride: |kc| kc.div_ceil(2).next_multiple_of(TILE_PAIRS),
+};
 
 /// Pairs one K step of a micro-tile's `A` takes: its two tiles, 32 rows
 /// of 16 pairs, one after the other (2 KiB).

@@ -51,7 +51,9 @@ use std::sync::{Arc, OnceLock};
 
 use half::bf16;
 
+use self::operand::Values;
 pub(crate) use self::operand::View16;
+use self::packed::OperandB;
 use super::gemm::Write;
 
 /// Which body computes the products.
@@ -313,11 +315,7 @@ pub(crate) fn product_into_with(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(
-        n <= row_stride && dst.len() >= (m - 1) * row_stride + n,
-        "bf16 gemm: destination of {} values for [{m}, {n}] rows of {row_stride}",
-        dst.len()
-    );
+    check_destination(dst, row_stride, m, n);
     if k == 0 {
         if write == Write::Set {
             for row in dst.chunks_mut(row_stride).take(m) {
@@ -328,6 +326,23 @@ pub(crate) fn product_into_with(
     }
     match body {
         Body::Widened => widened::widened(dst, row_stride, a, b, write),
+        Body::Avx512Bf16 | Body::Amx => {
+            packed_body(body, dst, row_stride, a, OperandB::View(b), write)
+        }
+    }
+}
+
+/// A packed body's product, `B` a view or packed already.
+fn packed_body(
+    body: Body,
+    dst: &mut [f32],
+    row_stride: usize,
+    a: View16<'_>,
+    b: OperandB<'_>,
+    write: Write,
+) {
+    match body {
+        Body::Widened => unreachable!("the widened body packs nothing"),
         Body::Avx512Bf16 => {
             assert!(has_avx512_bf16(), "bf16 gemm: this CPU has no AVX512-BF16");
             packed::packed(dst, row_stride, a, b, write);
@@ -338,6 +353,82 @@ pub(crate) fn product_into_with(
             amx::amx(dst, row_stride, a, b, write);
         }
     }
+}
+
+/// `B` of several products, prepared once: packed for the body (the
+/// head's weight, which every chunk of the cross-entropy's rows reads
+/// twice: packing it per product was a third of the head's time), or the
+/// view itself for the widened body, which packs nothing. The products
+/// are the same bits as [`product_into_with`]'s.
+pub(crate) struct PreparedB<'a> {
+    view: View16<'a>,
+    body: Body,
+    packed: Option<packed::PackedB>,
+}
+
+/// `b` prepared for this process's body.
+pub(crate) fn prepare(b: View16<'_>) -> PreparedB<'_> {
+    prepare_with(body(), b)
+}
+
+/// `b` prepared for `body`.
+///
+/// # Panics
+/// When `body` is not available on this CPU, or the view runs past its
+/// values (a bug in the caller).
+pub(crate) fn prepare_with(body: Body, b: View16<'_>) -> PreparedB<'_> {
+    check(View16::row_major(Values::Rounded(&[]), 0, b.rows), b);
+    let blocking = match body {
+        Body::Widened => None,
+        Body::Avx512Bf16 => {
+            assert!(has_avx512_bf16(), "bf16 gemm: this CPU has no AVX512-BF16");
+            Some(&packed::BLOCKING)
+        }
+        #[cfg(target_arch = "x86_64")]
+        Body::Amx => {
+            assert!(has_amx_bf16(), "bf16 gemm: this CPU has no AMX-BF16");
+            Some(&amx::BLOCKING)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Body::Amx => panic!("bf16 gemm: this CPU has no AMX-BF16"),
+    };
+    PreparedB {
+        view: b,
+        body,
+        packed: blocking
+            .filter(|_| b.rows > 0 && b.cols > 0)
+            .map(|blocking| packed::PackedB::new(b, blocking)),
+    }
+}
+
+/// [`product_into`] with `B` prepared ([`prepare`]).
+///
+/// # Panics
+/// As [`product_into_with`].
+pub(crate) fn product_into_prepared(
+    dst: &mut [f32],
+    row_stride: usize,
+    a: View16<'_>,
+    b: &PreparedB<'_>,
+    write: Write,
+) {
+    match &b.packed {
+        Some(packed) if a.rows > 0 && a.cols > 0 => {
+            check(a, b.view);
+            check_destination(dst, row_stride, a.rows, b.view.cols);
+            packed_body(b.body, dst, row_stride, a, OperandB::Packed(packed), write);
+        }
+        _ => product_into_with(b.body, dst, row_stride, a, b.view, write),
+    }
+}
+
+/// `dst` holds `m` rows of `n` values, `row_stride` apart (`m >= 1`).
+fn check_destination(dst: &[f32], row_stride: usize, m: usize, n: usize) {
+    assert!(
+        n <= row_stride && dst.len() >= (m - 1) * row_stride + n,
+        "bf16 gemm: destination of {} values for [{m}, {n}] rows of {row_stride}",
+        dst.len()
+    );
 }
 
 fn check(a: View16<'_>, b: View16<'_>) {
@@ -686,6 +777,52 @@ mod tests {
             let mut set = vec![f32::NAN; m * n];
             product_into_with(Body::Widened, &mut set, n, a, b, Write::Set);
             assert_eq!(product_with(Body::Widened, a, b), set, "[{m},{k},{n}]");
+        }
+    }
+
+    /// `B` prepared once gives the bits of `B` packed in each product, for
+    /// the head's two layouts (`x W^T`, `dy W`), over several K blocks of
+    /// both packed bodies (K 2,100 > 1,024 and 512), in every write mode,
+    /// one `B` for several `A`s of different row counts (the head's chunks),
+    /// and an empty `A`. Each product runs after a bigger one, so the
+    /// threads' reused packing buffers hold stale values of another shape.
+    #[test]
+    fn a_prepared_b_gives_the_products_of_b_packed_each_time() {
+        let (k, n) = (2100, 70);
+        let w = round_slice(&random(n * k, 61));
+        let big = random(300 * 300, 62);
+        for body in bodies() {
+            for (name, b) in [
+                ("W^T", View16::bf16(&w, n, k).t()),
+                ("W", View16::bf16(&w, k, n)),
+            ] {
+                let prepared = prepare_with(body, b);
+                for m in [45, 1, 0, 33] {
+                    let x = random(m * b.rows, 63 + m as u64);
+                    let a = View16::f32(&x, m, b.rows);
+                    for write in [Write::Set, Write::Add(1.0), Write::Add(-0.5)] {
+                        let run = |prepared: Option<&PreparedB<'_>>| {
+                            let _ = product_with(
+                                body,
+                                View16::f32(&big, 300, 300),
+                                View16::f32(&big, 300, 300),
+                            );
+                            let mut dst = vec![0.25f32; m * (b.cols + 3)];
+                            match prepared {
+                                Some(p) => product_into_prepared(&mut dst, b.cols + 3, a, p, write),
+                                None => product_into_with(body, &mut dst, b.cols + 3, a, b, write),
+                            }
+                            dst
+                        };
+                        assert_eq!(
+                            run(Some(&prepared)),
+                            run(None),
+                            "{body:?} {name} [{m}, {}] {write:?}",
+                            b.rows
+                        );
+                    }
+                }
+            }
         }
     }
 

@@ -4,6 +4,9 @@
 //! asserts it).
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
+use std::thread::LocalKey;
+
 use rayon::prelude::*;
 
 use super::operand::{Element, Values, View16, with_values};
@@ -46,7 +49,21 @@ impl Pack {
         &mut self.buf[self.start..self.start + len]
     }
 
-    /// The values [`Pack::zeroed`] handed out.
+    /// `len` values from a cache line on, each to be written: what the
+    /// buffer held before (zeros where it grew). For the weights' packs,
+    /// which were a third of a short step's `memset`.
+    pub(super) fn unset(&mut self, len: usize) -> &mut [u32] {
+        const LINE: usize = 64 / std::mem::size_of::<u32>();
+        if self.buf.len() < len + LINE - 1 {
+            // A fresh buffer rather than a grown one: nothing to copy.
+            self.buf = vec![0; len + LINE - 1];
+        }
+        self.start = self.buf.as_ptr().align_offset(64).min(LINE - 1);
+        self.len = len;
+        &mut self.buf[self.start..self.start + len]
+    }
+
+    /// The values [`Pack::zeroed`] or [`Pack::unset`] handed out.
     pub(super) fn values(&self) -> &[u32] {
         &self.buf[self.start..self.start + self.len]
     }
@@ -74,29 +91,38 @@ pub(super) fn packed(
     dst: &mut [f32],
     row_stride: usize,
     a: View16<'_>,
-    b: View16<'_>,
+    b: OperandB<'_>,
     write: Write,
 ) {
-    let blocking = Blocking {
-        kc: KC,
-        mr: MR,
-        mc: MC,
-        stride: |kc| kc.div_ceil(2),
-    };
-    drive(dst, row_stride, (a, b), write, blocking, |block| {
-        let mut a_pack = Pack::default();
-        // SAFETY: `packed` runs only where `has_avx512_bf16()` holds.
-        let layout = with_values!(a.values, v => unsafe {
-            pack_a_avx512(v, a, (block.i0, block.mc), (block.k0, block.kc), &mut a_pack)
-        });
-        let (mc, n, kc) = (block.mc, b.cols, block.kc);
-        let out = (block.rows, row_stride, block.add, block.factor);
-        match layout {
-            Layout::Rows => tiles::<true>(a_pack.values(), block.b_pack, mc, n, kc, out),
-            Layout::Panels => tiles::<false>(a_pack.values(), block.b_pack, mc, n, kc, out),
-        }
-    });
+    let n = b.cols();
+    drive(
+        dst,
+        row_stride,
+        (a, b),
+        write,
+        &BLOCKING,
+        |block, a_pack| {
+            // SAFETY: `packed` runs only where `has_avx512_bf16()` holds.
+            let layout = with_values!(a.values, v => unsafe {
+                pack_a_avx512(v, a, (block.i0, block.mc), (block.k0, block.kc), a_pack)
+            });
+            let (mc, kc) = (block.mc, block.kc);
+            let out = (block.rows, row_stride, block.add, block.factor);
+            match layout {
+                Layout::Rows => tiles::<true>(a_pack.values(), block.b_pack, mc, n, kc, out),
+                Layout::Panels => tiles::<false>(a_pack.values(), block.b_pack, mc, n, kc, out),
+            }
+        },
+    );
 }
+
+/// How this body blocks its products.
+pub(super) static BLOCKING: Blocking = Blocking {
+    kc: KC,
+    mr: MR,
+    mc: MC,
+    stride: |kc| kc.div_ceil(2),
+};
 
 /// How a packed body blocks a product.
 pub(super) struct Blocking {
@@ -131,21 +157,130 @@ pub(super) struct RowBlock<'a> {
 
 /// The blocking both packed bodies share: K in even blocks (576 is one
 /// block of 576, not 512 + 64; each even, so that only the last pair may be
-/// half empty), `B` packed once a K block, then the output's row blocks on
-/// rayon's threads (`body` packs its rows of `A` and runs its tiles). The
-/// first K block sets the output (or adds `factor` times it); later ones add
-/// theirs, times the same factor.
+/// half empty), `B` packed once a K block ([`PackedB`], or this thread's
+/// reused pack), then the output's row blocks on rayon's threads (`body`
+/// packs its rows of `A` and runs its tiles). The first K block sets the
+/// output (or adds `factor` times it); later ones add theirs, times the
+/// same factor.
 pub(super) fn drive(
     dst: &mut [f32],
     row_stride: usize,
-    (a, b): (View16<'_>, View16<'_>),
+    (a, b): (View16<'_>, OperandB<'_>),
     write: Write,
-    blocking: Blocking,
-    body: impl Fn(RowBlock<'_>) + Sync,
+    blocking: &Blocking,
+    body: impl Fn(RowBlock<'_>, &mut Pack) + Sync,
 ) {
-    let (m, n, k) = (a.rows, b.cols, a.cols);
+    match b {
+        OperandB::View(view) => with_reused(&B_PACK, |pack| {
+            for (k0, kc, stride) in k_blocks(a.cols, blocking) {
+                with_values!(view.values, v => pack_b(v, view, (k0, kc), stride, pack));
+                run_k_block(
+                    dst,
+                    row_stride,
+                    (a, view.cols),
+                    (k0, kc, stride),
+                    pack.values(),
+                    write,
+                    blocking,
+                    &body,
+                );
+            }
+        }),
+        OperandB::Packed(packed) => {
+            assert!(
+                std::ptr::eq(packed.blocking, blocking) && packed.k == a.cols,
+                "bf16 gemm: B packed for another body or K ({} for {})",
+                packed.k,
+                a.cols
+            );
+            for &(k0, kc, stride, ref pack) in &packed.blocks {
+                run_k_block(
+                    dst,
+                    row_stride,
+                    (a, packed.n),
+                    (k0, kc, stride),
+                    pack.values(),
+                    write,
+                    blocking,
+                    &body,
+                );
+            }
+        }
+    }
+}
+
+/// `B` of a product as [`drive`] takes it: a view it packs, or packed
+/// already.
+#[derive(Clone, Copy)]
+pub(super) enum OperandB<'a> {
+    View(View16<'a>),
+    Packed(&'a PackedB),
+}
+
+impl OperandB<'_> {
+    /// N, the columns of `B` and of the product.
+    pub(super) fn cols(self) -> usize {
+        match self {
+            Self::View(b) => b.cols,
+            Self::Packed(b) => b.n,
+        }
+    }
+}
+
+/// `[K, N]` packed once, every K block, for several products that read it
+/// (the head's weight, over the cross-entropy's chunks of rows).
+pub(crate) struct PackedB {
+    /// The body's blocking it was packed for.
+    blocking: &'static Blocking,
+    pub(super) k: usize,
+    pub(super) n: usize,
+    /// `(k0, kc, stride, panels)` of each K block, in order.
+    blocks: Vec<(usize, usize, usize, Pack)>,
+}
+
+impl PackedB {
+    /// `b` packed as [`drive`] packs it for `blocking`'s body.
+    pub(super) fn new(b: View16<'_>, blocking: &'static Blocking) -> Self {
+        let blocks = k_blocks(b.rows, blocking)
+            .map(|(k0, kc, stride)| {
+                let mut pack = Pack::default();
+                with_values!(b.values, v => pack_b(v, b, (k0, kc), stride, &mut pack));
+                (k0, kc, stride, pack)
+            })
+            .collect();
+        Self {
+            blocking,
+            k: b.rows,
+            n: b.cols,
+            blocks,
+        }
+    }
+}
+
+/// `(k0, kc, stride)` of each K block of a product with inner size `k`.
+fn k_blocks(k: usize, blocking: &Blocking) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
     let blocks = k.div_ceil(blocking.kc);
-    let kc_max = k.div_ceil(blocks).next_multiple_of(2);
+    let kc_max = k.div_ceil(blocks.max(1)).next_multiple_of(2);
+    (0..k).step_by(kc_max.max(1)).map(move |k0| {
+        let kc = kc_max.min(k - k0);
+        (k0, kc, (blocking.stride)(kc))
+    })
+}
+
+/// One K block of [`drive`]: every row block of the output against the
+/// block's packed `B` (`n` columns).
+#[allow(clippy::too_many_arguments)]
+fn run_k_block(
+    dst: &mut [f32],
+    row_stride: usize,
+    (a, n): (View16<'_>, usize),
+    (k0, kc, stride): (usize, usize, usize),
+    b_pack: &[u32],
+    write: Write,
+    blocking: &Blocking,
+    body: &(impl Fn(RowBlock<'_>, &mut Pack) + Sync),
+) {
+    let (m, k) = (a.rows, a.cols);
     let parallel = m.saturating_mul(n).saturating_mul(k) >= PARALLEL_OPS && m > blocking.mr;
     // At least four row blocks a thread where M allows, so that threads
     // finish together (the head's few hundred rows are 5 blocks of 112).
@@ -157,45 +292,66 @@ pub(super) fn drive(
         blocking.mc
     };
     let region = (m - 1) * row_stride + n;
-    let mut b_pack = Pack::default();
-    for k0 in (0..k).step_by(kc_max) {
-        let kc = kc_max.min(k - k0);
-        let stride = (blocking.stride)(kc);
-        with_values!(b.values, v => pack_b(v, b, (k0, kc), stride, &mut b_pack));
-        let (add, factor) = match write {
-            Write::Set if k0 == 0 => (false, 1.0),
-            Write::Set => (true, 1.0),
-            Write::Add(factor) => (true, factor),
+    let (add, factor) = match write {
+        Write::Set if k0 == 0 => (false, 1.0),
+        Write::Set => (true, 1.0),
+        Write::Add(factor) => (true, factor),
+    };
+    let run = |(block, rows): (usize, &mut [f32])| {
+        let i0 = block * mc_max;
+        let block = RowBlock {
+            i0,
+            mc: mc_max.min(m - i0),
+            k0,
+            kc,
+            stride,
+            b_pack,
+            rows,
+            add,
+            factor,
         };
-        let b_pack = b_pack.values();
-        let run = |(block, rows): (usize, &mut [f32])| {
-            let i0 = block * mc_max;
-            body(RowBlock {
-                i0,
-                mc: mc_max.min(m - i0),
-                k0,
-                kc,
-                stride,
-                b_pack,
-                rows,
-                add,
-                factor,
-            });
-        };
-        let region = &mut dst[..region];
-        if parallel {
-            region
-                .par_chunks_mut(mc_max * row_stride)
-                .enumerate()
-                .for_each(run);
-        } else {
-            region
-                .chunks_mut(mc_max * row_stride)
-                .enumerate()
-                .for_each(run);
-        }
+        with_reused(&A_PACK, |a_pack| body(block, a_pack));
+    };
+    let region = &mut dst[..region];
+    if parallel {
+        region
+            .par_chunks_mut(mc_max * row_stride)
+            .enumerate()
+            .for_each(run);
+    } else {
+        region
+            .chunks_mut(mc_max * row_stride)
+            .enumerate()
+            .for_each(run);
     }
 }
+
+thread_local! {
+    /// Each thread's packing buffers, kept between products: a fresh one
+    /// for the head's 56 MiB `B` took its pages from the kernel (faults,
+    /// zeroed pages) in every product, 34.6 ms against 14.8 ms reused.
+    static B_PACK: Cell<Pack> = Cell::new(Pack::default());
+    static A_PACK: Cell<Pack> = Cell::new(Pack::default());
+}
+
+/// `f` on this thread's buffer in `slot`, taken out while `f` runs (a
+/// product that a rayon thread runs while it waits inside another finds
+/// the slot empty and packs into a fresh buffer), then put back unless it
+/// grew past [`KEPT_PACK_VALUES`].
+fn with_reused<R>(slot: &'static LocalKey<Cell<Pack>>, f: impl FnOnce(&mut Pack) -> R) -> R {
+    let mut pack = slot.take();
+    let result = f(&mut pack);
+    if pack.buf.capacity() <= KEPT_PACK_VALUES {
+        slot.set(pack);
+    }
+    result
+}
+
+/// The largest pack a thread keeps (16 MiB): a layer's weights and a K
+/// block of activations are a few MiB; a bigger operand (an untied head's
+/// weight read through a view) is packed afresh rather than held for the
+/// rest of the run.
+const KEPT_PACK_VALUES: usize = 4 << 20;
 
 /// `out[p] = line[2p] | line[2p + 1] << 16` as bf16 bits (the last pair's
 /// high half zero when `line` is odd): one row's K pairs, vectorised.
@@ -332,14 +488,20 @@ pub(super) fn pack_b<E: Element>(
         "bf16 pack: {stride} pairs a panel for {pairs}"
     );
     let n = b.cols;
-    let out = out.zeroed(n.div_ceil(NR) * stride * NR);
+    let out = out.unset(n.div_ceil(NR) * stride * NR);
     let body = |(panel, dst): (usize, &mut [u32])| {
-        let dst = &mut dst[..pairs * NR];
+        // K's padding to whole tiles, then the pairs (each value written).
+        let (dst, padding) = dst.split_at_mut(pairs * NR);
+        padding.fill(0);
         // SAFETY: the packed bodies run only where AVX512F, BW and VL are
         // (`has_avx512_bf16()` or `amx::has_amx_bf16()`).
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            pack_b_panel_avx512(v, b, (k0, kc), panel, dst);
+            if b.col_stride != 1 && b.row_stride == 1 && (panel + 1) * NR <= b.cols {
+                pack_b_columns_avx512(v, b, (k0, kc), panel, dst);
+            } else {
+                pack_b_panel_avx512(v, b, (k0, kc), panel, dst);
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         pack_b_panel(v, b, (k0, kc), panel, dst);
@@ -363,6 +525,12 @@ fn pack_b_panel<E: Element>(
     let pairs = kc.div_ceil(2);
     let first = panel * NR;
     let cols = NR.min(b.cols - first);
+    if cols < NR {
+        // The last panel's columns past N are zeros.
+        for group in dst.chunks_exact_mut(NR) {
+            group[cols..].fill(0);
+        }
+    }
     if b.col_stride == 1 {
         // Rows contiguous along N (`W`, `x`): two K rows at a time.
         for (p, group) in dst.chunks_exact_mut(NR).enumerate() {
@@ -424,6 +592,96 @@ unsafe fn pack_b_panel_avx512<E: Element>(
     dst: &mut [u32],
 ) {
     pack_b_panel(v, b, k, panel, dst);
+}
+
+/// [`pack_b_panel`] of a whole panel of a `B` whose columns are
+/// contiguous along K (`W^T`: every forward product reads its weight so),
+/// 16 columns' 16 pairs at a time turned in registers. The portable path
+/// wrote each pair to its own place 128 bytes after the last: 4.7x the
+/// time of packing `W` itself (10.8 ms against 2.3 ms for SmolLM2's head).
+/// [`pack_b_panel`] is its oracle (tested).
+///
+/// # Safety
+/// The CPU has AVX512F, BW and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pack_b_columns_avx512<E: Element>(
+    v: &[E],
+    b: View16<'_>,
+    (k0, kc): (usize, usize),
+    panel: usize,
+    dst: &mut [u32],
+) {
+    use std::arch::x86_64::{
+        __m512i, _mm512_loadu_si512, _mm512_setzero_si512, _mm512_shuffle_i32x4,
+        _mm512_storeu_si512, _mm512_unpackhi_epi32, _mm512_unpackhi_epi64, _mm512_unpacklo_epi32,
+        _mm512_unpacklo_epi64,
+    };
+    let pairs = kc.div_ceil(2);
+    let first = panel * NR;
+    assert!(
+        b.row_stride == 1 && first + NR <= b.cols && dst.len() == pairs * NR,
+        "bf16 pack: a whole panel of columns along K"
+    );
+    // Pairs in whole blocks of 16 (every pair of both values); the rest as
+    // the portable path packs them.
+    let whole = kc / 2 / 16 * 16;
+    let mut block = [[0u32; 16]; 16];
+    for c0 in [0, 16] {
+        for p0 in (0..whole).step_by(16) {
+            for (i, row) in block.iter_mut().enumerate() {
+                let from = (first + c0 + i) * b.col_stride + k0 + 2 * p0;
+                pairs_of(&v[from..from + 32], row);
+            }
+            let mut r = [_mm512_setzero_si512(); 16];
+            for (r, row) in r.iter_mut().zip(&block) {
+                // SAFETY: `row` holds 16 values, 64 bytes.
+                *r = unsafe { _mm512_loadu_si512(row.as_ptr().cast::<__m512i>()) };
+            }
+            // Column `j` of rows 4m..4m+4 into lane `j / 4` of `u[4m + j % 4]`.
+            let mut t = [_mm512_setzero_si512(); 16];
+            for k in 0..8 {
+                t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+                t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+            }
+            let mut u = [_mm512_setzero_si512(); 16];
+            for m in 0..4 {
+                u[4 * m] = _mm512_unpacklo_epi64(t[4 * m], t[4 * m + 2]);
+                u[4 * m + 1] = _mm512_unpackhi_epi64(t[4 * m], t[4 * m + 2]);
+                u[4 * m + 2] = _mm512_unpacklo_epi64(t[4 * m + 1], t[4 * m + 3]);
+                u[4 * m + 3] = _mm512_unpackhi_epi64(t[4 * m + 1], t[4 * m + 3]);
+            }
+            // Output row `q` (column `q` of the block) gathers lane `q / 4`
+            // of `u[q % 4]`, `u[4 + q % 4]`, `u[8 + q % 4]`, `u[12 + q % 4]`.
+            for c in 0..4 {
+                let x = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+                let y = _mm512_shuffle_i32x4::<0xee>(u[c], u[4 + c]);
+                let z = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+                let w = _mm512_shuffle_i32x4::<0xee>(u[8 + c], u[12 + c]);
+                let rows = [
+                    _mm512_shuffle_i32x4::<0x88>(x, z),
+                    _mm512_shuffle_i32x4::<0xdd>(x, z),
+                    _mm512_shuffle_i32x4::<0x88>(y, w),
+                    _mm512_shuffle_i32x4::<0xdd>(y, w),
+                ];
+                for (lane, row) in rows.into_iter().enumerate() {
+                    let at = (p0 + 4 * lane + c) * NR + c0;
+                    let out = &mut dst[at..at + 16];
+                    // SAFETY: `out` holds 16 values, 64 bytes.
+                    unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast::<__m512i>(), row) };
+                }
+            }
+        }
+    }
+    if whole < pairs {
+        let mut line = [0u32; 17];
+        let line = &mut line[..pairs - whole];
+        for c in 0..NR {
+            let from = (first + c) * b.col_stride + k0 + 2 * whole;
+            pairs_of(&v[from..from + kc - 2 * whole], line);
+            scatter::<NR>(line, &mut dst[whole * NR..], c);
+        }
+    }
 }
 
 /// Every micro-tile of one row block: `rows` holds the block's output rows
@@ -571,7 +829,122 @@ unsafe fn micro_avx512_bf16<const ROWS: bool>(
 
 #[cfg(test)]
 mod tests {
-    use super::Pack;
+    use super::{NR, Pack, pack_b};
+    use crate::kernels::gemm_bf16::View16;
+    use half::bf16;
+
+    /// Whether this CPU runs the packing (AVX-512), with a NOTE where not.
+    fn packing_runs_here() -> bool {
+        let runs = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl");
+        if !runs {
+            eprintln!(
+                "NOTE: no AVX-512 on this CPU: the packed bodies and their packing do not run here"
+            );
+        }
+        runs
+    }
+
+    /// The pack of a `W^T` (columns along K) turned in registers equals
+    /// the portable pack, panel by panel: K blocks that are whole blocks of
+    /// 16 pairs, odd, shorter than one block, offset; N with a last panel
+    /// short (packed the portable way); bf16 and f32 values (rounded).
+    #[test]
+    fn columns_along_k_pack_as_the_portable_path_does() {
+        if !packing_runs_here() {
+            return;
+        }
+        let (k, n) = (200, 70);
+        let w32: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 37) % 1001) as f32 * 0.37 - 150.0)
+            .collect();
+        let w16: Vec<bf16> = w32.iter().map(|&x| bf16::from_f32(x)).collect();
+        for (k0, kc) in [
+            (0usize, 200usize),
+            (0, 64),
+            (3, 97),
+            (10, 31),
+            (0, 1),
+            (40, 160),
+        ] {
+            let pairs = kc.div_ceil(2);
+            let stride = pairs.next_multiple_of(16);
+            let check = |fast: &[u32], portable: &dyn Fn(usize, &mut [u32])| {
+                for (panel, got) in fast.chunks(stride * NR).enumerate() {
+                    let mut want = vec![0u32; stride * NR];
+                    portable(panel, &mut want[..pairs * NR]);
+                    assert_eq!(got, &want[..], "K {k0}+{kc}, panel {panel}");
+                }
+            };
+            let mut pack = Pack::default();
+            let b = View16::bf16(&w16, n, k).t();
+            pack_b(&w16, b, (k0, kc), stride, &mut pack);
+            check(pack.values(), &|panel, dst| {
+                super::pack_b_panel(&w16, b, (k0, kc), panel, dst)
+            });
+            let b = View16::f32(&w32, n, k).t();
+            pack_b(&w32, b, (k0, kc), stride, &mut pack);
+            check(pack.values(), &|panel, dst| {
+                super::pack_b_panel(&w32, b, (k0, kc), panel, dst)
+            });
+        }
+    }
+
+    /// `B`'s pack writes every value it hands out, K's padding and the
+    /// columns past N included, so a reused buffer's stale values never
+    /// reach a product: the same pack from a fresh buffer and from one
+    /// full of another shape's values and of garbage, for `W` (rows along
+    /// N), `W^T` (columns along K) and a view strided both ways, odd K and
+    /// N, K padded to whole tiles or not.
+    #[test]
+    fn b_packs_do_not_depend_on_what_the_buffer_held() {
+        if !packing_runs_here() {
+            return;
+        }
+        let (k, n) = (77, 45);
+        let w: Vec<bf16> = (0..2 * k * n)
+            .map(|i| bf16::from_f32(i as f32 * 0.5 - 300.0))
+            .collect();
+        let views = [
+            ("W", View16::bf16(&w, k, n)),
+            ("W^T", View16::bf16(&w, n, k).t()),
+            (
+                "strided",
+                View16 {
+                    row_stride: 2 * n,
+                    col_stride: 2,
+                    ..View16::bf16(&w, k, n)
+                },
+            ),
+        ];
+        for (name, b) in views {
+            for (k0, kc) in [(0, k), (4, 33), (10, 6)] {
+                for stride in [kc.div_ceil(2), kc.div_ceil(2).next_multiple_of(16)] {
+                    let mut fresh = Pack::default();
+                    pack_b(&w, b, (k0, kc), stride, &mut fresh);
+                    let mut stale = Pack::default();
+                    pack_b(
+                        &w,
+                        View16::bf16(&w, 2 * k, n),
+                        (0, 2 * k),
+                        2 * k,
+                        &mut stale,
+                    );
+                    stale
+                        .unset(n.div_ceil(NR) * stride * NR + 99)
+                        .fill(0xdead_beef);
+                    pack_b(&w, b, (k0, kc), stride, &mut stale);
+                    assert_eq!(
+                        fresh.values(),
+                        stale.values(),
+                        "{name} K {k0}+{kc}, {stride} pairs a panel"
+                    );
+                    assert_eq!(fresh.values().len(), n.div_ceil(NR) * stride * NR);
+                }
+            }
+        }
+    }
 
     /// A pack's values start on a cache line, are as many as asked and all
     /// zero, also when the buffer is reused for another size (tile loads
