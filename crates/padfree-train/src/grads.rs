@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use padfree_model::Param;
-use padfree_model::kernels::sums_of_squares;
+use padfree_model::kernels::{host_sum_of_squares, sums_of_squares};
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, cat, float_tensor, with_host_values};
 
 use crate::comm::{Communicator, Flat};
@@ -25,26 +25,6 @@ pub(crate) enum GradSums {
 
 /// Elements per chunk of the host gradient norm.
 const NORM_CHUNK: usize = 1 << 16;
-/// Interleaved f64 accumulators per chunk: independent additions the CPU
-/// overlaps, where one running sum waits on every previous addition.
-const NORM_LANES: usize = 8;
-
-/// `sum x^2` in f64, element `i` into lane `i % NORM_LANES`, the lanes
-/// added in order: a fixed function of the values.
-fn sum_of_squares(values: &[f32]) -> f64 {
-    let mut lanes = [0.0f64; NORM_LANES];
-    let mut blocks = values.chunks_exact(NORM_LANES);
-    for block in &mut blocks {
-        for (lane, &x) in lanes.iter_mut().zip(block) {
-            *lane += f64::from(x) * f64::from(x);
-        }
-    }
-    for (lane, &x) in lanes.iter_mut().zip(blocks.remainder()) {
-        *lane += f64::from(x) * f64::from(x);
-    }
-    lanes.iter().sum()
-}
-
 /// `acc += gradient` on the host; an empty `acc` (no micro-batch yet)
 /// takes the gradient's buffer.
 pub(crate) fn add_on_host(acc: &mut Vec<f32>, gradient: Tensor<2>) {
@@ -197,7 +177,7 @@ impl GradSums {
                 let start = shard.start + k * NORM_CHUNK;
                 let mut own = Vec::new();
                 flat.read(start..(start + NORM_CHUNK).min(shard.end), &mut own);
-                sum_of_squares(&own)
+                host_sum_of_squares(&own)
             })
             .collect();
         let mut squares = [per_chunk.iter().sum::<f64>()];
@@ -207,7 +187,7 @@ impl GradSums {
 
     /// The L2 norm of all gradients together. On the host in f64, over
     /// fixed chunks of every tensor ([`NORM_CHUNK`] elements), each summed
-    /// in [`NORM_LANES`] interleaved lanes and the chunk sums added in
+    /// in eight interleaved lanes ([`host_sum_of_squares`]) and the chunk sums added in
     /// order: the same value however many threads run, and the large
     /// tensors (embedding, head) spread over all threads instead of one
     /// serial f64 sum each (a 16M-element table took 25 ms that way).
@@ -218,7 +198,8 @@ impl GradSums {
         match self {
             Self::Host(sums) => {
                 let chunks: Vec<&[f32]> = sums.iter().flat_map(|g| g.chunks(NORM_CHUNK)).collect();
-                let per_chunk: Vec<f64> = chunks.par_iter().map(|c| sum_of_squares(c)).collect();
+                let per_chunk: Vec<f64> =
+                    chunks.par_iter().map(|c| host_sum_of_squares(c)).collect();
                 per_chunk.iter().sum::<f64>().sqrt()
             }
             Self::Device(sums) => {

@@ -85,7 +85,7 @@ pub use rms_norm::{bf16_rms_norm, composed_rms_norm, rms_norm};
 pub use rope::{RopeTables, composed_rope, rope};
 #[cfg(feature = "cube")]
 pub use sum_squares::fused_sums_of_squares;
-pub use sum_squares::{composed_sums_of_squares, sums_of_squares};
+pub use sum_squares::{composed_sums_of_squares, host_sum_of_squares, sums_of_squares};
 pub use swiglu::{bf16_swiglu, composed_swiglu, swiglu};
 
 /// True on burn's Flex device, where the host kernels run.
