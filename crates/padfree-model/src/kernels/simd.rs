@@ -12,9 +12,10 @@
 //! independent lanes, then the lanes in order), so an AVX-512 machine and an
 //! AVX2 one compute the same bits.
 
-/// Runs `body` compiled for the best instruction set available.
+/// Runs `body` compiled for the best instruction set available (also the
+/// optimizer's host update in padfree-train, as `kernels::simd_dispatch`).
 #[inline(always)]
-pub(crate) fn dispatch<R>(body: impl FnOnce() -> R) -> R {
+pub fn dispatch<R>(body: impl FnOnce() -> R) -> R {
     pulp::Arch::new().dispatch(body)
 }
 
