@@ -17,6 +17,7 @@
 //! row and column lie.
 #![allow(unsafe_code)]
 
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use super::operand::{Element, Values, View16, with_values};
@@ -87,7 +88,7 @@ fn tile_data_permitted() -> bool {
 
 /// The AMX body: pack, then 32x32 micro-tiles of `tdpbf16ps`.
 pub(super) fn amx(
-    dst: &mut [f32],
+    dst: &mut [MaybeUninit<f32>],
     row_stride: usize,
     a: View16<'_>,
     b: OperandB<'_>,
@@ -239,7 +240,7 @@ fn tiles(
     mc: usize,
     n: usize,
     stride: usize,
-    (rows, row_stride, add, factor): (&mut [f32], usize, bool, f32),
+    (rows, row_stride, add, factor): (&mut [MaybeUninit<f32>], usize, bool, f32),
 ) {
     assert!(
         stride > 0
@@ -283,7 +284,11 @@ fn tiles(
                         a_panel.as_ptr(),
                         b_panel.as_ptr(),
                         stride,
-                        (rows[first..last].as_mut_ptr(), row_stride, add),
+                        (
+                            rows[first..last].as_mut_ptr().cast::<f32>(),
+                            row_stride,
+                            add,
+                        ),
                     );
                 }
                 continue;
@@ -291,11 +296,13 @@ fn tiles(
             let out_rows = || (0..mr).map(|r| (row0 + r) * row_stride + col0);
             if in_place && add {
                 for (r, start) in out_rows().enumerate() {
-                    for (t, &o) in tile[r * NR..r * NR + nc]
+                    for (t, o) in tile[r * NR..r * NR + nc]
                         .iter_mut()
                         .zip(&rows[start..start + nc])
                     {
-                        *t = o;
+                        // SAFETY: `add` only where the output holds values
+                        // (`RowBlock::rows`).
+                        *t = unsafe { o.assume_init() };
                     }
                 }
             }
@@ -313,11 +320,12 @@ fn tiles(
                 let tile = &tile[r * NR..r * NR + nc];
                 if in_place {
                     for (o, &v) in out.iter_mut().zip(tile) {
-                        *o = v;
+                        o.write(v);
                     }
                 } else {
                     for (o, &v) in out.iter_mut().zip(tile) {
-                        *o += factor * v;
+                        // SAFETY: a scaled sum adds (`add`): the output holds values.
+                        o.write(unsafe { o.assume_init() } + factor * v);
                     }
                 }
             }
@@ -337,7 +345,7 @@ unsafe fn tiles_avx512(
     mc: usize,
     n: usize,
     stride: usize,
-    out: (&mut [f32], usize, bool, f32),
+    out: (&mut [MaybeUninit<f32>], usize, bool, f32),
 ) {
     tiles(a_pack, b_pack, mc, n, stride, out);
 }
@@ -404,8 +412,8 @@ impl Drop for Tiles {
 /// # Safety
 /// The tiles are configured on this thread ([`Tiles::configure`]); `a`
 /// is valid for `MR * stride` values, `b` for `stride * NR`, `c` for
-/// reads and writes of `(MR - 1) * c_stride + NR` values; `stride` is a
-/// positive multiple of `TILE_PAIRS`.
+/// writes of `(MR - 1) * c_stride + NR` values, and holds values there
+/// when `load`; `stride` is a positive multiple of `TILE_PAIRS`.
 unsafe fn micro(
     a: *const u32,
     b: *const u32,

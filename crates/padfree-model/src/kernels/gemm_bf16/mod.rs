@@ -291,9 +291,26 @@ pub(crate) fn product_with(body: Body, a: View16<'_>, b: View16<'_>) -> Vec<f32>
         check(a, b);
         return widened::widened_new(a, b);
     }
-    let mut out = vec![0.0; a.rows * b.cols];
-    product_into_with(body, &mut out, b.cols, a, b, Write::Set);
-    out
+    product_with_buffer(body, a, b, Vec::new())
+}
+
+/// [`product_with`] by a packed body into `buffer`'s room (its values
+/// dropped): the body sets every value, so it is never zeroed first.
+///
+/// # Panics
+/// As [`product_into_with`].
+fn product_with_buffer(body: Body, a: View16<'_>, b: View16<'_>, buffer: Vec<f32>) -> Vec<f32> {
+    check(a, b);
+    let (m, n, k) = (a.rows, b.cols, a.cols);
+    if m == 0 || n == 0 || k == 0 {
+        let mut out = buffer;
+        out.clear();
+        out.resize(m * n, 0.0);
+        return out;
+    }
+    packed::fresh(buffer, m, n, |dst| {
+        packed_body(body, dst, n, a, OperandB::View(b), Write::Set);
+    })
 }
 
 /// `dst` (row-major, `row_stride` values a row) set to `a b`, or
@@ -326,16 +343,21 @@ pub(crate) fn product_into_with(
     }
     match body {
         Body::Widened => widened::widened(dst, row_stride, a, b, write),
-        Body::Avx512Bf16 | Body::Amx => {
-            packed_body(body, dst, row_stride, a, OperandB::View(b), write)
-        }
+        Body::Avx512Bf16 | Body::Amx => packed_body(
+            body,
+            packed::as_uninit(dst),
+            row_stride,
+            a,
+            OperandB::View(b),
+            write,
+        ),
     }
 }
 
 /// A packed body's product, `B` a view or packed already.
 fn packed_body(
     body: Body,
-    dst: &mut [f32],
+    dst: &mut [std::mem::MaybeUninit<f32>],
     row_stride: usize,
     a: View16<'_>,
     b: OperandB<'_>,
@@ -416,6 +438,7 @@ pub(crate) fn product_into_prepared(
         Some(packed) if a.rows > 0 && a.cols > 0 => {
             check(a, b.view);
             check_destination(dst, row_stride, a.rows, b.view.cols);
+            let dst = packed::as_uninit(dst);
             packed_body(b.body, dst, row_stride, a, OperandB::Packed(packed), write);
         }
         _ => product_into_with(b.body, dst, row_stride, a, b.view, write),
@@ -766,17 +789,32 @@ mod tests {
     }
 
     /// The product into a fresh buffer (written once, never zeroed) is the
-    /// product set into a zeroed one, bit for bit, with one column block
-    /// or several and one K block or several.
+    /// product set into a buffer, bit for bit, for every body, with one
+    /// column block or several, one K block or several, edge tiles, `x W^T`
+    /// and `dy^T x` layouts; the packed bodies' fresh buffer is handed in
+    /// holding NaNs, so a value they left unwritten would show.
     #[test]
     fn a_fresh_product_is_the_product_set_into_a_buffer() {
-        for (m, k, n) in [(5, 5000, 40), (4, 4100, 1100), (9, 33, 17)] {
+        for (m, k, n) in [(5, 5000, 40), (4, 4100, 1100), (9, 33, 17), (70, 2100, 45)] {
             let x = random(m * k, 31);
             let w = round_slice(&random(n * k, 32));
-            let (a, b) = (View16::f32(&x, m, k), View16::bf16(&w, n, k).t());
-            let mut set = vec![f32::NAN; m * n];
-            product_into_with(Body::Widened, &mut set, n, a, b, Write::Set);
-            assert_eq!(product_with(Body::Widened, a, b), set, "[{m},{k},{n}]");
+            for (a, b) in [
+                (View16::f32(&x, m, k), View16::bf16(&w, n, k).t()),
+                (View16::f32(&x, k, m).t(), View16::bf16(&w, k, n)),
+            ] {
+                for body in bodies() {
+                    let mut set = vec![f32::NAN; m * n];
+                    product_into_with(body, &mut set, n, a, b, Write::Set);
+                    let case = format!("{body:?} [{m},{k},{n}]");
+                    assert_eq!(product_with(body, a, b), set, "{case}");
+                    if body != Body::Widened {
+                        // Into room that held NaNs: a value left unwritten shows.
+                        let stale = vec![f32::NAN; m * n + 64];
+                        let fresh = product_with_buffer(body, a, b, stale);
+                        assert_eq!(fresh, set, "{case}, room of NaNs");
+                    }
+                }
+            }
         }
     }
 
