@@ -433,10 +433,10 @@ mod tests {
     /// and without decay, clipping and a remainder past the vector width.
     #[test]
     fn the_dispatched_update_is_the_baseline_update_bit_for_bit() {
-        let len = 1000 + 7;
+        let len: usize = 1000 + 7;
         let wave = |seed: f32| -> Vec<f32> {
             (0..len)
-                .map(|i| ((i as f32 * 0.37 + seed).sin() * 10f32.powi(i as i32 % 9 - 4)))
+                .map(|i| (i as f32 * 0.37 + seed).sin() * 10f32.powi(i as i32 % 9 - 4))
                 .collect()
         };
         let (values, exp_avg, grad) = (wave(0.1), wave(0.7), wave(1.3));
