@@ -51,8 +51,8 @@ impl Pack {
     }
 
     /// `len` values from a cache line on, each to be written: what the
-    /// buffer held before (zeros where it grew). For the weights' packs,
-    /// which were a third of a short step's `memset`.
+    /// buffer held before (zeros where it grew). For `B`'s packs, whose
+    /// zeroing was 272 MB a SmolLM2 step of short examples (traced).
     pub(super) fn unset(&mut self, len: usize) -> &mut [u32] {
         const LINE: usize = 64 / std::mem::size_of::<u32>();
         if self.buf.len() < len + LINE - 1 {
