@@ -51,7 +51,6 @@ use std::sync::{Arc, OnceLock};
 
 use half::bf16;
 
-use self::operand::Values;
 pub(crate) use self::operand::View16;
 use self::packed::OperandB;
 use super::gemm::Write;
@@ -327,6 +326,19 @@ pub(crate) fn product_into_with(
     b: View16<'_>,
     write: Write,
 ) {
+    product_into_b(body, dst, row_stride, a, (b, None), write);
+}
+
+/// [`product_into_with`] where `B` may be packed already (`packed`, of
+/// the view `b`, for `body`).
+fn product_into_b(
+    body: Body,
+    dst: &mut [f32],
+    row_stride: usize,
+    a: View16<'_>,
+    (b, packed): (View16<'_>, Option<&packed::PackedB>),
+    write: Write,
+) {
     check(a, b);
     let (m, n, k) = (a.rows, b.cols, a.cols);
     if m == 0 || n == 0 {
@@ -343,14 +355,10 @@ pub(crate) fn product_into_with(
     }
     match body {
         Body::Widened => widened::widened(dst, row_stride, a, b, write),
-        Body::Avx512Bf16 | Body::Amx => packed_body(
-            body,
-            packed::as_uninit(dst),
-            row_stride,
-            a,
-            OperandB::View(b),
-            write,
-        ),
+        Body::Avx512Bf16 | Body::Amx => {
+            let b = packed.map_or(OperandB::View(b), OperandB::Packed);
+            packed_body(body, packed::as_uninit(dst), row_stride, a, b, write);
+        }
     }
 }
 
@@ -399,7 +407,7 @@ pub(crate) fn prepare(b: View16<'_>) -> PreparedB<'_> {
 /// When `body` is not available on this CPU, or the view runs past its
 /// values (a bug in the caller).
 pub(crate) fn prepare_with(body: Body, b: View16<'_>) -> PreparedB<'_> {
-    check(View16::row_major(Values::Rounded(&[]), 0, b.rows), b);
+    check_bounds(b);
     let blocking = match body {
         Body::Widened => None,
         Body::Avx512Bf16 => {
@@ -434,15 +442,14 @@ pub(crate) fn product_into_prepared(
     b: &PreparedB<'_>,
     write: Write,
 ) {
-    match &b.packed {
-        Some(packed) if a.rows > 0 && a.cols > 0 => {
-            check(a, b.view);
-            check_destination(dst, row_stride, a.rows, b.view.cols);
-            let dst = packed::as_uninit(dst);
-            packed_body(b.body, dst, row_stride, a, OperandB::Packed(packed), write);
-        }
-        _ => product_into_with(b.body, dst, row_stride, a, b.view, write),
-    }
+    product_into_b(
+        b.body,
+        dst,
+        row_stride,
+        a,
+        (b.view, b.packed.as_ref()),
+        write,
+    );
 }
 
 /// `dst` holds `m` rows of `n` values, `row_stride` apart (`m >= 1`).
@@ -460,15 +467,19 @@ fn check(a: View16<'_>, b: View16<'_>) {
         "bf16 gemm: [{}, {}] x [{}, {}]",
         a.rows, a.cols, b.rows, b.cols
     );
-    for view in [a, b] {
-        if view.rows > 0 && view.cols > 0 {
-            let last = (view.rows - 1) * view.row_stride + (view.cols - 1) * view.col_stride;
-            assert!(
-                last < view.values.len(),
-                "bf16 gemm: view runs past its {} values",
-                view.values.len()
-            );
-        }
+    check_bounds(a);
+    check_bounds(b);
+}
+
+/// `view`'s last element lies within its values.
+fn check_bounds(view: View16<'_>) {
+    if view.rows > 0 && view.cols > 0 {
+        let last = (view.rows - 1) * view.row_stride + (view.cols - 1) * view.col_stride;
+        assert!(
+            last < view.values.len(),
+            "bf16 gemm: view runs past its {} values",
+            view.values.len()
+        );
     }
 }
 

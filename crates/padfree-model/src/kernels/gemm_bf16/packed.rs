@@ -174,20 +174,24 @@ pub(super) fn drive(
     blocking: &Blocking,
     body: impl Fn(RowBlock<'_>, &mut Pack) + Sync,
 ) {
+    let n = b.cols();
+    let mut run = |k_block, b_pack: &[u32]| {
+        run_k_block(
+            dst,
+            row_stride,
+            (a, n),
+            k_block,
+            b_pack,
+            write,
+            blocking,
+            &body,
+        );
+    };
     match b {
         OperandB::View(view) => with_reused(&B_PACK, |pack| {
             for (k0, kc, stride) in k_blocks(a.cols, blocking) {
                 with_values!(view.values, v => pack_b(v, view, (k0, kc), stride, pack));
-                run_k_block(
-                    dst,
-                    row_stride,
-                    (a, view.cols),
-                    (k0, kc, stride),
-                    pack.values(),
-                    write,
-                    blocking,
-                    &body,
-                );
+                run((k0, kc, stride), pack.values());
             }
         }),
         OperandB::Packed(packed) => {
@@ -197,17 +201,8 @@ pub(super) fn drive(
                 packed.k,
                 a.cols
             );
-            for &(k0, kc, stride, ref pack) in &packed.blocks {
-                run_k_block(
-                    dst,
-                    row_stride,
-                    (a, packed.n),
-                    (k0, kc, stride),
-                    pack.values(),
-                    write,
-                    blocking,
-                    &body,
-                );
+            for (k0, kc, stride, pack) in &packed.blocks {
+                run((*k0, *kc, *stride), pack.values());
             }
         }
     }
@@ -678,7 +673,8 @@ unsafe fn pack_b_columns_avx512<E: Element>(
         }
     }
     if whole < pairs {
-        let mut line = [0u32; 17];
+        // At most 16 pairs are left (16 when K ends in a lone value).
+        let mut line = [0u32; 16];
         let line = &mut line[..pairs - whole];
         for c in 0..NR {
             let from = (first + c) * b.col_stride + k0 + 2 * whole;
