@@ -1,4 +1,5 @@
-//! Keeps glibc's malloc from handing freed memory back to the kernel.
+//! Keeps glibc's malloc from handing freed memory back to the kernel, and
+//! puts big buffers on cache lines (the global allocator, below).
 //!
 //! A training step allocates and frees buffers of many megabytes
 //! (activations, gradients, kernel outputs). By default glibc serves each
@@ -17,6 +18,12 @@
 //! are left alone.
 
 use std::ffi::OsString;
+
+/// Buffers of 4 KiB or more on cache lines (`malloc` aligns to 16 bytes):
+/// the AMX products store their output tiles in place only there
+/// (`padfree_model::kernels::LineAligned` says what it measured).
+#[global_allocator]
+static LINES: padfree_model::kernels::LineAligned = padfree_model::kernels::LineAligned;
 
 /// Set to `tuned` in the re-executed process, `system` by a user to opt out.
 const MARKER: &str = "PADFREE_MALLOC";

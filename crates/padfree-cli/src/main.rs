@@ -3,7 +3,8 @@
 //! `args/` holds every command's flags: clap parses them into plain values,
 //! then `validate` turns them into a typed job once. `commands/` runs the
 //! jobs. `clock.rs` names run directories and dates reports;
-//! `allocator.rs` keeps glibc's malloc from returning memory between steps;
+//! `allocator.rs` keeps glibc's malloc from returning memory between steps
+//! and puts big buffers on cache lines;
 //! `ranks.rs` says which data-parallel rank this process is (MPI).
 
 mod allocator;

@@ -29,6 +29,10 @@
 //! `sum_squares/` the gradient norm's per-tensor sums of squares on a GPU
 //! in one launch a tensor plus one.
 //!
+//! `line_alloc.rs` is the global allocator the binary installs: buffers
+//! of 4 KiB or more start on cache lines, where the AMX body stores its
+//! output tiles in place and vector loops read whole lines.
+//!
 //! `host_op.rs` is the one generic layer that enters a host kernel into
 //! burn's autodiff graph (backend-extension API), for plain autodiff and
 //! gradient checkpointing; the kernels themselves know nothing of burn's
@@ -45,6 +49,7 @@ mod gemm;
 pub mod gemm_bf16;
 pub use gemm_bf16::Weight16;
 mod host_op;
+mod line_alloc;
 mod linear;
 mod lora_linear;
 pub mod quant_matmul;
@@ -67,6 +72,7 @@ pub use cross_entropy::{
     host_head_cross_entropy_sum,
 };
 pub use host_op::UnsupportedTensor;
+pub use line_alloc::{LINED_FROM, LineAligned};
 #[cfg(feature = "cube")]
 pub use linear::F16_TARGET;
 pub(crate) use linear::round_tensor;
