@@ -7,10 +7,18 @@
 //! Why our own loop and not `half::bf16::from_f32` per value: `half`'s
 //! branchy version does not vectorise; this one does, and the tests check
 //! it is bit-for-bit `half`'s.
+//!
+//! Stored and widened activations are written into buffers never zeroed
+//! first (`fresh.rs`), which is this module's only `unsafe`.
+
+#![allow(unsafe_code)]
+
+use std::mem::MaybeUninit;
 
 use half::bf16;
 use rayon::prelude::*;
 
+use super::fresh::fresh;
 use super::simd::dispatch;
 
 /// Slices longer than this are rounded or widened on rayon's threads.
@@ -98,29 +106,35 @@ pub(crate) fn rounded_copy(values: &[f32]) -> Vec<f32> {
 /// low half first): how a host op's `saved` buffer (f32 slots) keeps an
 /// activation for the backward pass in half the memory.
 pub(crate) fn store(values: &[f32]) -> Vec<f32> {
-    let mut out = vec![0.0f32; values.len().div_ceil(2)];
-    let body = |(src, dst): (&[f32], &mut [f32])| {
+    let body = |(src, dst): (&[f32], &mut [MaybeUninit<f32>])| {
         dispatch(|| {
             let mut pairs = src.chunks_exact(2);
             for (d, pair) in dst.iter_mut().zip(&mut pairs) {
                 let bits = u32::from(round(pair[0]).to_bits())
                     | (u32::from(round(pair[1]).to_bits()) << 16);
-                *d = f32::from_bits(bits);
+                d.write(f32::from_bits(bits));
             }
             if let ([last], Some(d)) = (pairs.remainder(), dst.last_mut()) {
-                *d = f32::from_bits(u32::from(round(*last).to_bits()));
+                d.write(f32::from_bits(u32::from(round(*last).to_bits())));
             }
         });
     };
-    if values.len() >= PARALLEL_VALUES {
-        values
-            .par_chunks(PARALLEL_VALUES)
-            .zip(out.par_chunks_mut(PARALLEL_VALUES / 2))
-            .for_each(body);
-    } else {
-        body((values, &mut out));
+    // SAFETY: `body` sets every slot of its `dst`: one per pair of `src`
+    // and the last for a lone value, and each `dst` holds
+    // `src.len().div_ceil(2)` slots (the chunks of `values` are even but
+    // for the last, and `dst`'s chunks half theirs).
+    unsafe {
+        fresh(values.len().div_ceil(2), |out| {
+            if values.len() >= PARALLEL_VALUES {
+                values
+                    .par_chunks(PARALLEL_VALUES)
+                    .zip(out.par_chunks_mut(PARALLEL_VALUES / 2))
+                    .for_each(body);
+            } else {
+                body((values, out));
+            }
+        })
     }
-    out
 }
 
 /// The `len` values [`store`] kept in `stored`, widened to f32.
@@ -133,27 +147,32 @@ pub(crate) fn load(stored: &[f32], len: usize) -> Vec<f32> {
         "bf16 load: {} slots for {len} values",
         stored.len()
     );
-    let mut out = vec![0.0f32; len];
-    let body = |(src, dst): (&[f32], &mut [f32])| {
+    let body = |(src, dst): (&[f32], &mut [MaybeUninit<f32>])| {
         dispatch(|| {
             for (pair, s) in dst.chunks_mut(2).zip(src) {
                 let bits = s.to_bits();
-                pair[0] = f32::from_bits(bits << 16);
+                pair[0].write(f32::from_bits(bits << 16));
                 if let Some(hi) = pair.get_mut(1) {
-                    *hi = f32::from_bits(bits & 0xFFFF_0000);
+                    hi.write(f32::from_bits(bits & 0xFFFF_0000));
                 }
             }
         });
     };
-    if len >= PARALLEL_VALUES {
-        stored
-            .par_chunks(PARALLEL_VALUES / 2)
-            .zip(out.par_chunks_mut(PARALLEL_VALUES))
-            .for_each(body);
-    } else {
-        body((stored, &mut out));
+    // SAFETY: `body` sets every slot of its `dst`, two per value of `src`
+    // (one for the last of an odd `len`): each `dst` chunk holds at most
+    // twice its `src` chunk's values (asserted above for the whole).
+    unsafe {
+        fresh(len, |out| {
+            if len >= PARALLEL_VALUES {
+                stored
+                    .par_chunks(PARALLEL_VALUES / 2)
+                    .zip(out.par_chunks_mut(PARALLEL_VALUES))
+                    .for_each(body);
+            } else {
+                body((stored, out));
+            }
+        })
     }
-    out
 }
 
 #[cfg(test)]

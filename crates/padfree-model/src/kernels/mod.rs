@@ -29,6 +29,9 @@
 //! `sum_squares/` the gradient norm's per-tensor sums of squares on a GPU
 //! in one launch a tensor plus one.
 //!
+//! `fresh.rs` hands kernels output buffers they write in full, never
+//! zeroed first (`calloc` zeroes reused memory).
+//!
 //! `line_alloc.rs` is the global allocator the binary installs: buffers
 //! of 4 KiB or more start on cache lines, where the AMX body stores its
 //! output tiles in place and vector loops read whole lines.
@@ -45,6 +48,7 @@ mod cross_entropy;
 #[cfg(feature = "cube")]
 mod cube_op;
 pub mod dropout;
+mod fresh;
 mod gemm;
 pub mod gemm_bf16;
 pub use gemm_bf16::Weight16;

@@ -12,12 +12,17 @@
 //! # Shapes
 //! `N` tokens, `H` heads, `D` head width (even), `P = D / 2` pairs;
 //! `x`, `out` and their gradients `[N, H, D]`, the tables `[N, P]`.
+//!
+//! Outputs go into buffers never zeroed first (`fresh.rs`), this module's
+//! only `unsafe`.
+#![allow(unsafe_code)]
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use super::attention::is_cpu;
+use super::fresh::fresh;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
 use crate::tensor::{Tensor, cat, narrow};
@@ -166,46 +171,54 @@ fn turn(values: &[f32], shape: &[usize], tables: &RopeTables, direction: Directi
     let pairs = d / 2;
     let token = heads * d;
     let tokens_per_task = (ELEMENTS_PER_TASK / token.max(1)).max(1);
-    let mut out = Vec::with_capacity(values.len());
-    // Every element is written below before it is read.
-    out.resize(values.len(), 0.0);
-    out.par_chunks_mut(tokens_per_task * token)
-        .zip(values.par_chunks(tokens_per_task * token))
-        .enumerate()
-        .for_each(|(task, (out, values))| {
-            let first = task * tokens_per_task;
-            simd::dispatch(
-                #[inline(always)]
-                || {
-                    for (t, (out, values)) in
-                        out.chunks_mut(token).zip(values.chunks(token)).enumerate()
-                    {
-                        let at = (first + t) * pairs;
-                        let cos = &tables.cos[at..at + pairs];
-                        let sin = &tables.sin[at..at + pairs];
-                        for (out, x) in out.chunks_mut(d).zip(values.chunks(d)) {
-                            let (o1, o2) = out.split_at_mut(pairs);
-                            let (x1, x2) = x.split_at(pairs);
-                            match direction {
-                                Direction::Forward => {
-                                    for i in 0..pairs {
-                                        o1[i] = x1[i] * cos[i] + -x2[i] * sin[i];
-                                        o2[i] = x2[i] * cos[i] + x1[i] * sin[i];
-                                    }
-                                }
-                                Direction::Back => {
-                                    for i in 0..pairs {
-                                        o1[i] = x1[i] * cos[i] + x2[i] * sin[i];
-                                        o2[i] = x2[i] * cos[i] + -x1[i] * sin[i];
+    assert!(
+        d.is_multiple_of(2) && values.len().is_multiple_of(token.max(1)),
+        "rope: values of {} for heads of {d}",
+        values.len()
+    );
+    // SAFETY: the output's chunks of whole tokens pair with the same
+    // tokens of `values` (asserted: whole tokens of whole pairs), and each
+    // head's `2P` values are set through its two halves.
+    unsafe {
+        fresh(values.len(), |out| {
+            out.par_chunks_mut(tokens_per_task * token)
+                .zip(values.par_chunks(tokens_per_task * token))
+                .enumerate()
+                .for_each(|(task, (out, values))| {
+                    let first = task * tokens_per_task;
+                    simd::dispatch(
+                        #[inline(always)]
+                        || {
+                            for (t, (out, values)) in
+                                out.chunks_mut(token).zip(values.chunks(token)).enumerate()
+                            {
+                                let at = (first + t) * pairs;
+                                let cos = &tables.cos[at..at + pairs];
+                                let sin = &tables.sin[at..at + pairs];
+                                for (out, x) in out.chunks_mut(d).zip(values.chunks(d)) {
+                                    let (o1, o2) = out.split_at_mut(pairs);
+                                    let (x1, x2) = x.split_at(pairs);
+                                    match direction {
+                                        Direction::Forward => {
+                                            for i in 0..pairs {
+                                                o1[i].write(x1[i] * cos[i] + -x2[i] * sin[i]);
+                                                o2[i].write(x2[i] * cos[i] + x1[i] * sin[i]);
+                                            }
+                                        }
+                                        Direction::Back => {
+                                            for i in 0..pairs {
+                                                o1[i].write(x1[i] * cos[i] + x2[i] * sin[i]);
+                                                o2[i].write(x2[i] * cos[i] + -x1[i] * sin[i]);
+                                            }
+                                        }
                                     }
                                 }
                             }
-                        }
-                    }
-                },
-            );
-        });
-    out
+                        },
+                    );
+                });
+        })
+    }
 }
 
 #[cfg(test)]

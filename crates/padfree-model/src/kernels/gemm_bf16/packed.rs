@@ -746,19 +746,15 @@ pub(super) fn as_uninit(values: &mut [f32]) -> &mut [MaybeUninit<f32>] {
 /// short examples, 5-12% of its time. `out`'s values are dropped first
 /// (tests hand in a buffer of NaNs, so that a value left unwritten shows).
 pub(super) fn fresh(
-    mut out: Vec<f32>,
+    out: Vec<f32>,
     m: usize,
     n: usize,
     run: impl FnOnce(&mut [MaybeUninit<f32>]),
 ) -> Vec<f32> {
-    out.clear();
-    out.reserve_exact(m * n);
-    run(&mut out.spare_capacity_mut()[..m * n]);
-    // SAFETY: `run` wrote all `m * n` values (a product set with
+    // SAFETY: `run` writes all `m * n` values (a product set with
     // `Write::Set` writes every value of its `[m, n]` rows, `n` apart, in
     // its first K block: `RowBlock::rows`).
-    unsafe { out.set_len(m * n) };
-    out
+    unsafe { crate::kernels::fresh::fresh_in(out, m * n, run) }
 }
 
 /// One `MR x NR` tile: `dst` (rows `ldc` apart) set to `a b` or `factor a b`

@@ -9,11 +9,16 @@
 //! # Shapes
 //! `N` rows, `C` channels. `x`, `y`, `dy`, `dx`: `[N, C]`; `weight`, `dw`:
 //! `[C]`; `inv_rms`: `[N]`.
+//!
+//! `y` and `dx` go into buffers never zeroed first (`fresh.rs`), this
+//! module's only `unsafe`.
+#![allow(unsafe_code)]
 
 use burn::tensor::Tensor;
 
 use super::attention::is_cpu;
 use super::bf16::round_in_place;
+use super::fresh::fresh;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use rayon::prelude::*;
 
@@ -133,21 +138,27 @@ const ROWS_PER_TASK: usize = 32;
 pub fn forward(x: &[f32], weight: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
     let channels = weight.len();
     let rows = x.len() / channels.max(1);
-    let mut y = vec![0.0f32; x.len()];
+    assert_eq!(x.len(), rows * channels, "rms_norm: x is not whole rows");
     let mut inv_rms = vec![0.0f32; rows];
-    y.par_chunks_mut(ROWS_PER_TASK * channels)
-        .zip(inv_rms.par_chunks_mut(ROWS_PER_TASK))
-        .zip(x.par_chunks(ROWS_PER_TASK * channels))
-        .for_each(|((y, inv_rms), x)| {
-            let rows = y.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
-            for ((y, x), inv) in rows.zip(inv_rms) {
-                let mean_square = x.iter().map(|v| v * v).sum::<f32>() / channels as f32;
-                *inv = 1.0 / (mean_square + eps).sqrt();
-                for ((y, &x), &w) in y.iter_mut().zip(x).zip(weight) {
-                    *y = x * *inv * w;
-                }
-            }
-        });
+    // SAFETY: `y`'s chunks of whole rows pair with the same rows of `x`
+    // (asserted: whole rows) and every value of each row is set.
+    let y = unsafe {
+        fresh(x.len(), |y| {
+            y.par_chunks_mut(ROWS_PER_TASK * channels)
+                .zip(inv_rms.par_chunks_mut(ROWS_PER_TASK))
+                .zip(x.par_chunks(ROWS_PER_TASK * channels))
+                .for_each(|((y, inv_rms), x)| {
+                    let rows = y.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+                    for ((y, x), inv) in rows.zip(inv_rms) {
+                        let mean_square = x.iter().map(|v| v * v).sum::<f32>() / channels as f32;
+                        *inv = 1.0 / (mean_square + eps).sqrt();
+                        for ((y, &x), &w) in y.iter_mut().zip(x).zip(weight) {
+                            y.write(x * *inv * w);
+                        }
+                    }
+                });
+        })
+    };
     (y, inv_rms)
 }
 
@@ -158,31 +169,42 @@ pub fn forward(x: &[f32], weight: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
 /// dy * x * r`.
 pub fn backward(x: &[f32], weight: &[f32], inv_rms: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let channels = weight.len();
-    let mut dx = vec![0.0f32; x.len()];
-    let partial_dweights: Vec<Vec<f32>> = dx
-        .par_chunks_mut(ROWS_PER_TASK * channels)
-        .zip(x.par_chunks(ROWS_PER_TASK * channels))
-        .zip(dy.par_chunks(ROWS_PER_TASK * channels))
-        .zip(inv_rms.par_chunks(ROWS_PER_TASK))
-        .map(|(((dx, x), dy), inv_rms)| {
-            let mut dweight = vec![0.0f32; channels];
-            let rows = dx.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
-            for ((dx, x), (dy, &r)) in rows.zip(dy.chunks_exact(channels).zip(inv_rms)) {
-                let dot: f32 = dy
-                    .iter()
-                    .zip(weight)
-                    .zip(x)
-                    .map(|((d, w), x)| d * w * x)
-                    .sum();
-                let correction = r * r * r / channels as f32 * dot;
-                for c in 0..channels {
-                    dx[c] = r * dy[c] * weight[c] - x[c] * correction;
-                    dweight[c] += dy[c] * x[c] * r;
-                }
-            }
-            dweight
+    assert!(
+        dy.len() == x.len() && x.len() == inv_rms.len() * channels,
+        "rms_norm backward: x, dy and inv_rms differ in rows"
+    );
+    let mut partial_dweights: Vec<Vec<f32>> = Vec::new();
+    // SAFETY: `dx`'s chunks of whole rows pair with the same rows of `x`
+    // and `dy` and their `inv_rms` (asserted: all of the same rows), and
+    // every value of each row is set.
+    let dx = unsafe {
+        fresh(x.len(), |dx| {
+            partial_dweights = dx
+                .par_chunks_mut(ROWS_PER_TASK * channels)
+                .zip(x.par_chunks(ROWS_PER_TASK * channels))
+                .zip(dy.par_chunks(ROWS_PER_TASK * channels))
+                .zip(inv_rms.par_chunks(ROWS_PER_TASK))
+                .map(|(((dx, x), dy), inv_rms)| {
+                    let mut dweight = vec![0.0f32; channels];
+                    let rows = dx.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+                    for ((dx, x), (dy, &r)) in rows.zip(dy.chunks_exact(channels).zip(inv_rms)) {
+                        let dot: f32 = dy
+                            .iter()
+                            .zip(weight)
+                            .zip(x)
+                            .map(|((d, w), x)| d * w * x)
+                            .sum();
+                        let correction = r * r * r / channels as f32 * dot;
+                        for c in 0..channels {
+                            dx[c].write(r * dy[c] * weight[c] - x[c] * correction);
+                            dweight[c] += dy[c] * x[c] * r;
+                        }
+                    }
+                    dweight
+                })
+                .collect();
         })
-        .collect();
+    };
     let mut dweight = vec![0.0f32; channels];
     for partial in partial_dweights {
         for (total, value) in dweight.iter_mut().zip(partial) {

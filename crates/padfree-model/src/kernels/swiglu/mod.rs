@@ -1,15 +1,18 @@
 //! Fused SwiGLU gate on host slices: `silu(gate) * up`, forward and
 //! backward in one pass each (composed from tensor ops: sigmoid, two
 //! products, and about twice as many passes backward), chunks over threads;
-//! a CubeCL body for GPUs in `cube.rs`.
+//! a CubeCL body for GPUs in `cube.rs`. Outputs go into buffers never
+//! zeroed first (`fresh.rs`), this module's only `unsafe`.
 //!
 //! # Shapes
 //! `gate`, `up`, `out` and their gradients: `[N, I]`.
+#![allow(unsafe_code)]
 
 use burn::tensor::Tensor;
 
 use super::attention::is_cpu;
 use super::bf16::{load, round_in_place, store};
+use super::fresh::fresh;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
 use rayon::prelude::*;
@@ -133,53 +136,71 @@ fn sigmoid(x: f32) -> f32 {
 
 /// `silu(gate) * up`, `silu(g) = g * sigmoid(g)`.
 pub fn forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    let mut out = vec![0.0f32; gate.len()];
-    out.par_chunks_mut(ELEMENTS_PER_TASK)
-        .zip(
-            gate.par_chunks(ELEMENTS_PER_TASK)
-                .zip(up.par_chunks(ELEMENTS_PER_TASK)),
-        )
-        .for_each(|(out, (gate, up))| {
-            simd::dispatch(
-                #[inline(always)]
-                || {
-                    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                        *o = g * sigmoid(g) * u;
-                    }
-                },
-            );
-        });
-    out
+    assert_eq!(gate.len(), up.len(), "swiglu: gate and up differ in length");
+    // SAFETY: the output's chunks pair with equally long chunks of `gate`
+    // and `up` (asserted: the same length), and each value is set.
+    unsafe {
+        fresh(gate.len(), |out| {
+            out.par_chunks_mut(ELEMENTS_PER_TASK)
+                .zip(
+                    gate.par_chunks(ELEMENTS_PER_TASK)
+                        .zip(up.par_chunks(ELEMENTS_PER_TASK)),
+                )
+                .for_each(|(out, (gate, up))| {
+                    simd::dispatch(
+                        #[inline(always)]
+                        || {
+                            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                                o.write(g * sigmoid(g) * u);
+                            }
+                        },
+                    );
+                });
+        })
+    }
 }
 
 /// `(d_gate, d_up)` given `d_out`:
 /// `d_up = d_out * silu(g)`, `d_gate = d_out * u * s * (1 + g * (1 - s))`
 /// with `s = sigmoid(g)`.
 pub fn backward(gate: &[f32], up: &[f32], d_out: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let mut d_gate = vec![0.0f32; gate.len()];
-    let mut d_up = vec![0.0f32; gate.len()];
-    d_gate
-        .par_chunks_mut(ELEMENTS_PER_TASK)
-        .zip(d_up.par_chunks_mut(ELEMENTS_PER_TASK))
-        .zip(gate.par_chunks(ELEMENTS_PER_TASK))
-        .zip(
-            up.par_chunks(ELEMENTS_PER_TASK)
-                .zip(d_out.par_chunks(ELEMENTS_PER_TASK)),
-        )
-        .for_each(|(((d_gate, d_up), gate), (up, d_out))| {
-            simd::dispatch(
-                #[inline(always)]
-                || {
-                    let inputs = gate.iter().zip(up).zip(d_out);
-                    let outputs = d_gate.iter_mut().zip(d_up.iter_mut());
-                    for ((dg, du), ((&g, &u), &d)) in outputs.zip(inputs) {
-                        let s = sigmoid(g);
-                        *du = d * g * s;
-                        *dg = d * u * s * (1.0 + g * (1.0 - s));
-                    }
-                },
-            );
-        });
+    let n = gate.len();
+    assert!(
+        up.len() == n && d_out.len() == n,
+        "swiglu backward: gate, up and d_out differ in length"
+    );
+    let mut d_up = Vec::new();
+    // SAFETY: the chunks of both outputs pair with equally long chunks of
+    // the three inputs (asserted: all `n` long), and each value of both is
+    // set.
+    let d_gate = unsafe {
+        fresh(n, |d_gate| {
+            d_up = fresh(n, |d_up| {
+                d_gate
+                    .par_chunks_mut(ELEMENTS_PER_TASK)
+                    .zip(d_up.par_chunks_mut(ELEMENTS_PER_TASK))
+                    .zip(gate.par_chunks(ELEMENTS_PER_TASK))
+                    .zip(
+                        up.par_chunks(ELEMENTS_PER_TASK)
+                            .zip(d_out.par_chunks(ELEMENTS_PER_TASK)),
+                    )
+                    .for_each(|(((d_gate, d_up), gate), (up, d_out))| {
+                        simd::dispatch(
+                            #[inline(always)]
+                            || {
+                                let inputs = gate.iter().zip(up).zip(d_out);
+                                let outputs = d_gate.iter_mut().zip(d_up.iter_mut());
+                                for ((dg, du), ((&g, &u), &d)) in outputs.zip(inputs) {
+                                    let s = sigmoid(g);
+                                    du.write(d * g * s);
+                                    dg.write(d * u * s * (1.0 + g * (1.0 - s)));
+                                }
+                            },
+                        );
+                    });
+            });
+        })
+    };
     (d_gate, d_up)
 }
 
