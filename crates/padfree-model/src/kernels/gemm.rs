@@ -186,14 +186,29 @@ fn check(a: View<'_>, b: View<'_>) {
         a.rows, a.cols, b.rows, b.cols
     );
     for view in [a, b] {
-        if view.rows > 0 && view.cols > 0 {
-            let last = (view.rows - 1) * view.row_stride + (view.cols - 1) * view.col_stride;
-            assert!(
-                last < view.data.len(),
-                "gemm: view runs past its {} values",
-                view.data.len()
-            );
-        }
+        check_bounds(
+            "gemm",
+            (view.rows, view.cols),
+            (view.row_stride, view.col_stride),
+            view.data.len(),
+        );
+    }
+}
+
+/// A view of `rows x cols` elements, `strides` apart, ends within its
+/// `len` values (the f32 and the bf16 products' views alike).
+///
+/// # Panics
+/// When it runs past them (a bug in the caller): `what` names the product.
+pub(super) fn check_bounds(
+    what: &str,
+    (rows, cols): (usize, usize),
+    (row_stride, col_stride): (usize, usize),
+    len: usize,
+) {
+    if rows > 0 && cols > 0 {
+        let last = (rows - 1) * row_stride + (cols - 1) * col_stride;
+        assert!(last < len, "{what}: view runs past its {len} values");
     }
 }
 

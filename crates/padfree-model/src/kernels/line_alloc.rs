@@ -53,14 +53,20 @@ fn raw_layout(layout: Layout) -> Option<Layout> {
     Layout::from_size_align(layout.size().checked_add(EXTRA)?, layout.align()).ok()
 }
 
-/// The first line at least [`OFFSET_BYTES`] into `raw`, the offset written
-/// just before it.
+/// How far into a block starting at `raw` its values start: the first
+/// line at least [`OFFSET_BYTES`] in (below [`EXTRA`]).
+fn line_offset(raw: *mut u8) -> usize {
+    (raw as usize + OFFSET_BYTES).next_multiple_of(LINE) - raw as usize
+}
+
+/// The start [`line_offset`] gives in `raw`, the offset written just
+/// before it.
 ///
 /// # Safety
 /// `raw` is a block of at least `EXTRA` bytes (so the offset, at most
 /// `EXTRA - 1`, and the 8 bytes before it lie within it).
 unsafe fn place(raw: *mut u8) -> *mut u8 {
-    let offset = (raw as usize + OFFSET_BYTES).next_multiple_of(LINE) - raw as usize;
+    let offset = line_offset(raw);
     // SAFETY: `OFFSET_BYTES <= offset < OFFSET_BYTES + LINE = EXTRA`, within
     // the block (the caller's contract).
     unsafe {
@@ -81,7 +87,7 @@ unsafe fn place(raw: *mut u8) -> *mut u8 {
 /// `raw` is a block of at least `len + EXTRA` bytes, `old_offset` is below
 /// `EXTRA`, and the `len` bytes from it are the values.
 unsafe fn replace(raw: *mut u8, old_offset: usize, len: usize) -> *mut u8 {
-    let new_offset = (raw as usize + OFFSET_BYTES).next_multiple_of(LINE) - raw as usize;
+    let new_offset = line_offset(raw);
     // SAFETY: both ranges lie within the block (offsets below `EXTRA`);
     // `copy` allows them to overlap; `place` as the caller's contract says.
     unsafe {

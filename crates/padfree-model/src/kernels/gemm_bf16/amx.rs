@@ -516,6 +516,7 @@ unsafe fn micro(
 
 #[cfg(test)]
 mod tests {
+    use super::super::operand::test_layouts;
     use super::*;
 
     /// `A`'s packs are written whole (rows, K and their padding), so a
@@ -528,19 +529,7 @@ mod tests {
     fn a_packs_do_not_depend_on_what_the_buffer_held() {
         let (m, k) = (45, 77);
         let x: Vec<f32> = (0..2 * m * k).map(|i| i as f32 * 0.25 - 900.0).collect();
-        let views = [
-            ("row-major", View16::f32(&x, m, k)),
-            ("column-major", View16::f32(&x, k, m).t()),
-            (
-                "strided",
-                View16 {
-                    row_stride: 2 * k,
-                    col_stride: 2,
-                    ..View16::f32(&x, m, k)
-                },
-            ),
-        ];
-        for (name, a) in views {
+        for (name, a) in test_layouts(Values::F32(&x), m, k) {
             for (i0, mc) in [(0, m), (3, 33), (40, 5)] {
                 for (k0, kc) in [(0, k), (4, 33), (10, 6)] {
                     let stride = (BLOCKING.stride)(kc);

@@ -473,14 +473,12 @@ fn check(a: View16<'_>, b: View16<'_>) {
 
 /// `view`'s last element lies within its values.
 fn check_bounds(view: View16<'_>) {
-    if view.rows > 0 && view.cols > 0 {
-        let last = (view.rows - 1) * view.row_stride + (view.cols - 1) * view.col_stride;
-        assert!(
-            last < view.values.len(),
-            "bf16 gemm: view runs past its {} values",
-            view.values.len()
-        );
-    }
+    super::gemm::check_bounds(
+        "bf16 gemm",
+        (view.rows, view.cols),
+        (view.row_stride, view.col_stride),
+        view.values.len(),
+    );
 }
 
 #[cfg(test)]

@@ -124,6 +124,30 @@ impl<'a> View16<'a> {
     }
 }
 
+/// The three layouts the packing tests read an operand in, named: row-major
+/// `[rows, cols]`, column-major (the transpose of a row-major
+/// `[cols, rows]`), and strided both ways (every other row and column of a
+/// row-major `[rows, 2 cols]`). `values` holds at least `2 rows cols`.
+#[cfg(test)]
+pub(super) fn test_layouts(
+    values: Values<'_>,
+    rows: usize,
+    cols: usize,
+) -> [(&'static str, View16<'_>); 3] {
+    [
+        ("row-major", View16::row_major(values, rows, cols)),
+        ("column-major", View16::row_major(values, cols, rows).t()),
+        (
+            "strided",
+            View16 {
+                row_stride: 2 * cols,
+                col_stride: 2,
+                ..View16::row_major(values, rows, cols)
+            },
+        ),
+    ]
+}
+
 /// What an operand's elements are read as.
 pub(super) trait Element: Copy + Send + Sync {
     /// The bf16 bits of the element (rounded when it is f32).

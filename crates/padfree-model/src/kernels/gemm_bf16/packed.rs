@@ -863,6 +863,7 @@ unsafe fn micro_avx512_bf16<const ROWS: bool>(
 mod tests {
     use super::{NR, Pack, pack_b};
     use crate::kernels::gemm_bf16::View16;
+    use crate::kernels::gemm_bf16::operand::{Values, test_layouts};
     use half::bf16;
 
     /// Whether this CPU runs the packing (AVX-512), with a NOTE where not.
@@ -938,19 +939,7 @@ mod tests {
         let w: Vec<bf16> = (0..2 * k * n)
             .map(|i| bf16::from_f32(i as f32 * 0.5 - 300.0))
             .collect();
-        let views = [
-            ("W", View16::bf16(&w, k, n)),
-            ("W^T", View16::bf16(&w, n, k).t()),
-            (
-                "strided",
-                View16 {
-                    row_stride: 2 * n,
-                    col_stride: 2,
-                    ..View16::bf16(&w, k, n)
-                },
-            ),
-        ];
-        for (name, b) in views {
+        for (name, b) in test_layouts(Values::Bf16(&w), k, n) {
             for (k0, kc) in [(0, k), (4, 33), (10, 6)] {
                 for stride in [kc.div_ceil(2), kc.div_ceil(2).next_multiple_of(16)] {
                     let mut fresh = Pack::default();
