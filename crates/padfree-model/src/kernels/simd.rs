@@ -80,6 +80,52 @@ pub(crate) fn sum_exp(row: &[f32], shift: f32) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
+/// The largest value of `row` (`-inf` when empty), in sixteen lanes: a
+/// single running maximum does not vectorise.
+#[inline(always)]
+pub(crate) fn max(row: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = row.chunks_exact(16);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for chunk in chunks {
+        for lane in 0..16 {
+            lanes[lane] = lanes[lane].max(chunk[lane]);
+        }
+    }
+    lanes.iter().copied().fold(tail, f32::max)
+}
+
+/// Every `x` of `row` replaced by `e^(x - shift)`; returns their sum, in
+/// sixteen lanes (the softmax's numerators and denominator in one pass).
+#[inline(always)]
+pub(crate) fn exp_in_place(row: &mut [f32], shift: f32) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let mut chunks = row.chunks_exact_mut(16);
+    for chunk in &mut chunks {
+        for lane in 0..16 {
+            chunk[lane] = exp(chunk[lane] - shift);
+            lanes[lane] += chunk[lane];
+        }
+    }
+    // The tail through one padded chunk, so that its exponentials are
+    // vectorised too (scalar ones cost as much as a long row's body).
+    let rest = chunks.into_remainder();
+    let mut chunk = [shift; 16];
+    chunk[..rest.len()].copy_from_slice(rest);
+    for x in &mut chunk {
+        *x = exp(*x - shift);
+    }
+    for (lane, (x, &e)) in rest.iter_mut().zip(&chunk).enumerate() {
+        *x = e;
+        lanes[lane] += e;
+    }
+    lanes.iter().sum::<f32>()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,9 +150,38 @@ mod tests {
     fn dispatched_code_computes_what_plain_code_does() {
         let a: Vec<f32> = (0..67).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..67).map(|i| (i as f32 * 0.11).cos()).collect();
-        let plain = (dot(&a, &b), sum_exp(&a, 0.5));
-        let dispatched = dispatch(|| (dot(&a, &b), sum_exp(&a, 0.5)));
-        assert_eq!(plain.0.to_bits(), dispatched.0.to_bits());
-        assert_eq!(plain.1.to_bits(), dispatched.1.to_bits());
+        let run = || {
+            let mut e = a.clone();
+            let sum = exp_in_place(&mut e, 0.5);
+            [dot(&a, &b), sum_exp(&a, 0.5), max(&a), sum]
+        };
+        let plain = run();
+        let dispatched = dispatch(run);
+        for (p, d) in plain.iter().zip(&dispatched) {
+            assert_eq!(p.to_bits(), d.to_bits());
+        }
+    }
+
+    /// The lane-wise reductions against plain loops: the maximum exactly
+    /// (any order gives it), the exponentials bit for bit, and their sum
+    /// within f32 reordering.
+    #[test]
+    fn lane_reductions_match_plain_loops() {
+        for n in [0usize, 1, 15, 16, 17, 67, 300] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+            let plain_max = a.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max(&a).to_bits(), plain_max.to_bits(), "max of {n}");
+            let mut e = a.clone();
+            let sum = exp_in_place(&mut e, plain_max);
+            let mut plain_sum = 0.0f64;
+            for (x, y) in a.iter().zip(&e) {
+                assert_eq!(y.to_bits(), exp(x - plain_max).to_bits());
+                plain_sum += f64::from(*y);
+            }
+            assert!(
+                (f64::from(sum) - plain_sum).abs() <= 1e-6 * plain_sum.max(1.0),
+                "sum of {n}"
+            );
+        }
     }
 }

@@ -63,20 +63,13 @@ pub fn forward(
     scale: f32,
 ) -> ForwardOutput {
     let Qkv { q, k, v } = inputs;
-    let total = total_tokens(cu_seqlens);
-    let heads = dims.num_heads;
-    let mut out = vec![0.0; total * dims.q_row()];
-    let mut lse = vec![0.0; total * heads];
-    let out_blocks = split_rows(&mut out, cu_seqlens, dims.q_row());
-    let lse_blocks = split_rows(&mut lse, cu_seqlens, heads);
-    let mut jobs: Vec<_> = out_blocks
-        .into_iter()
-        .zip(lse_blocks)
-        .zip(cu_seqlens.windows(2))
-        .map(|((out, lse), bounds)| (offset(bounds[0]), len(bounds), out, lse))
-        .collect();
-    longest_first(&mut jobs, |job| job.1);
-    jobs.into_par_iter().for_each(|(start, len, out, lse)| {
+    let widths = [dims.q_row(), dims.num_heads];
+    let [out, lse] = for_each_example(widths, cu_seqlens, |job| {
+        let Job {
+            start,
+            len,
+            outputs: [out, lse],
+        } = job;
         let example = Example::new(q, k, v, start, len, dims);
         simd::dispatch(
             #[inline(always)]
@@ -109,22 +102,13 @@ pub fn backward(
     scale: f32,
 ) -> BackwardOutput {
     let Qkv { q, k, v } = inputs;
-    let total = total_tokens(cu_seqlens);
-    let mut dq = vec![0.0; total * dims.q_row()];
-    let mut dk = vec![0.0; total * dims.kv_row()];
-    let mut dv = vec![0.0; total * dims.kv_row()];
-    let dq_blocks = split_rows(&mut dq, cu_seqlens, dims.q_row());
-    let dk_blocks = split_rows(&mut dk, cu_seqlens, dims.kv_row());
-    let dv_blocks = split_rows(&mut dv, cu_seqlens, dims.kv_row());
-    let mut jobs: Vec<_> = dq_blocks
-        .into_iter()
-        .zip(dk_blocks)
-        .zip(dv_blocks)
-        .zip(cu_seqlens.windows(2))
-        .map(|(((dq, dk), dv), bounds)| (offset(bounds[0]), len(bounds), dq, dk, dv))
-        .collect();
-    longest_first(&mut jobs, |job| job.1);
-    jobs.into_par_iter().for_each(|(start, len, dq, dk, dv)| {
+    let widths = [dims.q_row(), dims.kv_row(), dims.kv_row()];
+    let [dq, dk, dv] = for_each_example(widths, cu_seqlens, |job| {
+        let Job {
+            start,
+            len,
+            outputs: [dq, dk, dv],
+        } = job;
         let example = Example::new(q, k, v, start, len, dims);
         let saved = Saved {
             out: &out[start * dims.q_row()..(start + len) * dims.q_row()],
@@ -151,6 +135,42 @@ fn offset(value: u32) -> usize {
 /// The length of the example between two consecutive offsets.
 fn len(bounds: &[u32]) -> usize {
     offset(bounds[1]) - offset(bounds[0])
+}
+
+/// One example's share of a call: its first row, its length, and its rows
+/// of each output, which it alone writes.
+pub(super) struct Job<'a, const N: usize> {
+    pub start: usize,
+    pub len: usize,
+    pub outputs: [&'a mut [f32]; N],
+}
+
+/// `N` outputs of `[T, width]` (each width given), zeros, written by `each`
+/// for every example (one [`Job`] each) on rayon's threads, longest
+/// example first.
+pub(super) fn for_each_example<const N: usize>(
+    widths: [usize; N],
+    cu_seqlens: &[u32],
+    each: impl Fn(Job<'_, N>) + Sync,
+) -> [Vec<f32>; N] {
+    let total = total_tokens(cu_seqlens);
+    let mut outputs = widths.map(|width| vec![0.0; total * width]);
+    let mut blocks: Vec<_> = outputs
+        .iter_mut()
+        .zip(widths)
+        .map(|(values, width)| split_rows(values, cu_seqlens, width).into_iter())
+        .collect();
+    let mut jobs: Vec<_> = cu_seqlens
+        .windows(2)
+        .map(|bounds| Job {
+            start: offset(bounds[0]),
+            len: len(bounds),
+            outputs: std::array::from_fn(|n| blocks[n].next().expect("a block per example")),
+        })
+        .collect();
+    longest_first(&mut jobs, |job| job.len);
+    jobs.into_par_iter().for_each(&each);
+    outputs
 }
 
 /// Cuts `values` (`[T, width]`) into one mutable block of rows per example.
@@ -181,10 +201,10 @@ struct Example<'a> {
 }
 
 /// One example's rows of what the forward pass saved and of `d_out`.
-struct Saved<'a> {
-    out: &'a [f32],
-    lse: &'a [f32],
-    d_out: &'a [f32],
+pub(super) struct Saved<'a> {
+    pub out: &'a [f32],
+    pub lse: &'a [f32],
+    pub d_out: &'a [f32],
 }
 
 /// One example's rows of the gradients, written by that example alone.

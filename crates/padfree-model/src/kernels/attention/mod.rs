@@ -18,13 +18,18 @@
 //! time through register-tiled micro-kernels (`micro.rs`).
 //!
 //! `bf16.rs` is the same op under `--bf16` (bf16 inputs and output, kept
-//! as bf16 for the backward pass, on this file's kernel).
+//! as bf16 for the backward pass) on `products.rs`, a kernel of its own:
+//! blocks of 64 query rows through the bf16 gemm (AMX tiles where the CPU
+//! has them), `P` and `dS` rounded to bf16 as PyTorch's bf16 flash
+//! attention rounds them.
 //!
 //! The rooms: this file, the differentiable burn op ([`varlen_attention`],
 //! through `host_op`); `host.rs`, the host kernel ([`forward`],
 //! [`backward`]) with its unit tests against an f64 definition and central
 //! differences; `micro.rs`, its register-tiled micro-kernels;
-//! `composed.rs`, the slow, obvious oracle it is tested against
+//! `products.rs`, the bf16 kernel, with its tests against an f64
+//! definition within the bound its rounding allows; `composed.rs`, the
+//! slow, obvious oracle it is tested against
 //! ([`composed_varlen_attention`], [`composed_padded_attention`]: burn ops,
 //! one example or padded row at a time); `cube.rs` and `cube/`, the GPU
 //! kernels (tiled, and the per-row kernel they are tested against).
@@ -46,6 +51,7 @@ mod composed;
 mod cube;
 mod host;
 mod micro;
+mod products;
 
 pub use bf16::bf16_varlen_attention;
 pub use composed::{CausalMasks, composed_padded_attention, composed_varlen_attention};

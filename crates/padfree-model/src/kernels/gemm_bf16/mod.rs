@@ -452,6 +452,21 @@ pub(crate) fn product_into_prepared(
     );
 }
 
+/// The bodies this CPU runs, which a kernel's tests run; a NOTE on stderr
+/// names each one it cannot run, so a log says what went untested.
+#[cfg(test)]
+pub(crate) fn test_bodies() -> Vec<Body> {
+    let all = [Body::Widened, Body::Avx512Bf16, Body::Amx];
+    let available: Vec<Body> = all.into_iter().filter(|b| b.available()).collect();
+    for body in all.iter().filter(|b| !b.available()) {
+        eprintln!(
+            "NOTE: this CPU cannot run the {} body: not tested here",
+            body.name()
+        );
+    }
+    available
+}
+
 /// `dst` holds `m` rows of `n` values, `row_stride` apart (`m >= 1`).
 fn check_destination(dst: &[f32], row_stride: usize, m: usize, n: usize) {
     assert!(
@@ -549,15 +564,7 @@ mod tests {
     }
 
     fn bodies() -> Vec<Body> {
-        let all = [Body::Widened, Body::Avx512Bf16, Body::Amx];
-        let available: Vec<Body> = all.into_iter().filter(|b| b.available()).collect();
-        for body in all.iter().filter(|b| !b.available()) {
-            eprintln!(
-                "NOTE: this CPU cannot run the {} body: not tested here",
-                body.name()
-            );
-        }
-        available
+        super::test_bodies()
     }
 
     /// The bodies other than the oracle this CPU runs.

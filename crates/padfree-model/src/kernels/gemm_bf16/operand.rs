@@ -79,6 +79,37 @@ impl<'a> View16<'a> {
         Self::row_major(Values::Rounded(values), rows, cols)
     }
 
+    /// `rows` rows of `cols` f32 values rounded to bf16 already,
+    /// `row_stride` values apart (one head's rows of a `[T, heads, D]`
+    /// activation: `row_stride = heads * D`).
+    ///
+    /// # Panics
+    /// When the last row runs past `values` (a bug in the caller); in
+    /// builds with debug assertions, as [`Self::rounded`].
+    pub fn rounded_rows(values: &'a [f32], rows: usize, cols: usize, row_stride: usize) -> Self {
+        crate::kernels::gemm::check_bounds(
+            "bf16 gemm view",
+            (rows, cols),
+            (row_stride, 1),
+            values.len(),
+        );
+        debug_assert!(
+            (0..rows).all(|i| {
+                values[i * row_stride..i * row_stride + cols]
+                    .iter()
+                    .all(|&x| rounded(x).to_bits() == x.to_bits())
+            }),
+            "bf16 gemm: an operand said to be rounded is not"
+        );
+        Self {
+            values: Values::Rounded(values),
+            rows,
+            cols,
+            row_stride,
+            col_stride: 1,
+        }
+    }
+
     /// The transpose, without a copy.
     pub fn t(self) -> Self {
         Self {

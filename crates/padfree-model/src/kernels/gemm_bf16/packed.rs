@@ -356,6 +356,21 @@ const KEPT_PACK_VALUES: usize = 4 << 20;
 /// high half zero when `line` is odd): one row's K pairs, vectorised.
 #[inline(always)]
 pub(super) fn pairs_of<E: Element>(line: &[E], out: &mut [u32]) {
+    if cfg!(target_endian = "little") {
+        // A pair is its two halves in memory order, low first: rounding
+        // each value into its half is an element-wise loop, which
+        // vectorises; building pairs from two lanes of `line` did not (it
+        // was a scalar loop for f32 values).
+        let halves: &mut [u16] = bytemuck::cast_slice_mut(out);
+        let (values, past) = halves.split_at_mut(line.len().min(halves.len()));
+        for (half, value) in values.iter_mut().zip(line) {
+            *half = value.bits() as u16;
+        }
+        if let Some(high) = past.first_mut().filter(|_| line.len() % 2 == 1) {
+            *high = 0;
+        }
+        return;
+    }
     let mut two = line.chunks_exact(2);
     for (o, pair) in out.iter_mut().zip(&mut two) {
         *o = pair[0].bits() | (pair[1].bits() << 16);
