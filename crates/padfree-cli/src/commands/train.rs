@@ -217,7 +217,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
         let model = trainer.model();
         let kept = match (model.lora_config().is_some(), model.is_quantized()) {
             (false, _) if model.on_cpu() && !model.bf16_reads_weight_copies() => {
-                "master weights, gradients, AdamW state, checkpoints and the final model in f32; the products read the f32 weights rounded (no bf16 copies: they would be widened to f32 again)"
+                "master weights, gradients, AdamW state, checkpoints and the final model in f32; the products read the f32 weights rounded (no bf16 copies: the widened body would widen them again, or PADFREE_BF16_WEIGHT_COPIES=0)"
             }
             (false, _) => {
                 "master weights, gradients, AdamW state, checkpoints and the final model in f32; the weights' 16-bit copies made once per optimizer step"

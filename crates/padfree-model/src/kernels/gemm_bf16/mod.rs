@@ -244,13 +244,30 @@ impl Weight16 {
 }
 
 /// Whether `--bf16`'s products read a bf16 copy of each weight (made once
-/// per optimizer step): yes for the `vdpbf16ps` and AMX bodies, which pack
-/// bf16 values straight from it; no for the widened body, which would widen
-/// the copy to f32 again in every product, so it reads the f32 master
-/// weight rounded, the same values, without the copy's pass over every
-/// weight each step and its 2 bytes a weight.
+/// per optimizer step): by default yes for the `vdpbf16ps` and AMX bodies,
+/// which pack bf16 values straight from it; no for the widened body, which
+/// would widen the copy to f32 again in every product, so it reads the f32
+/// master weight rounded, the same values, without the copy's pass over
+/// every weight each step and its 2 bytes a weight.
+/// `PADFREE_BF16_WEIGHT_COPIES=0` (or `=1`) decides instead
+/// ([`weight_copies_for`]).
 pub fn reads_weight_copies() -> bool {
-    body() != Body::Widened
+    let setting = std::env::var("PADFREE_BF16_WEIGHT_COPIES").ok();
+    weight_copies_for(setting.as_deref(), body())
+}
+
+/// Whether products on `body` read weight copies, for a
+/// `PADFREE_BF16_WEIGHT_COPIES` setting: `0` no, `1` yes, unset or anything
+/// else the body's default. Without copies the packed bodies round the f32
+/// weights as they pack them: the same bits, 2 bytes a weight less (on the
+/// AMX machine of `docs/benchmarks/2026-12-05-bf16-attention-tiles.md`,
+/// SmolLM2-135M's peak 250-260 MiB lower, its steps 0-4% slower).
+pub fn weight_copies_for(setting: Option<&str>, body: Body) -> bool {
+    match setting {
+        Some("0") => false,
+        Some("1") => true,
+        _ => body != Body::Widened,
+    }
 }
 
 /// Whether an f32 operand that two products read is best rounded once
@@ -565,6 +582,20 @@ mod tests {
 
     fn bodies() -> Vec<Body> {
         super::test_bodies()
+    }
+
+    /// `PADFREE_BF16_WEIGHT_COPIES` decides where it says 0 or 1; unset or
+    /// anything else leaves the body's default (copies but for the widened
+    /// body).
+    #[test]
+    fn weight_copies_follow_the_setting_then_the_body() {
+        for body in [Body::Amx, Body::Avx512Bf16, Body::Widened] {
+            assert!(!weight_copies_for(Some("0"), body));
+            assert!(weight_copies_for(Some("1"), body));
+            for setting in [None, Some(""), Some("yes")] {
+                assert_eq!(weight_copies_for(setting, body), body != Body::Widened);
+            }
+        }
     }
 
     /// The bodies other than the oracle this CPU runs.
