@@ -19,7 +19,7 @@
 //! eighth of the 2-core test machine's f32 peak. Here a block of up to
 //! [`BLOCK_ROWS`] query rows of one head meets the keys up to its last row
 //! in one product, on whole AMX tiles where the CPU has them: forward and
-//! backward 1.7-2.2x faster than the f32 kernel on that batch, and
+//! backward 1.8-2.2x faster than the f32 kernel on that batch, and
 //! 1.7-2.0x on the widened body, the f32 gemm on rounded values
 //! (`docs/benchmarks/2026-12-05-bf16-attention-tiles.md`).
 //! A block computes the scores of its whole square on the diagonal, half of
