@@ -4,10 +4,11 @@
 //! - Queries, keys and values are rounded to bf16 (nearest even) on the way
 //!   in, as autocast casts them, and the output is rounded to bf16, as
 //!   autocast's bf16 output is.
-//! - The kernel is `products.rs`: its four products (and five in the
-//!   backward pass) on the bf16 gemm, `P` and `dS` rounded to bf16 before
-//!   the products that read them, as PyTorch's CPU flash attention does;
-//!   the scores, the softmax, its log-sum-exp and every sum are f32.
+//! - The kernel is `products.rs`: its two products (five in the backward
+//!   pass) on the bf16 gemm, the softmax's numerators, `P` and `dS`
+//!   rounded to bf16 before the products that read them, as PyTorch's CPU
+//!   flash attention does; the scores, the softmax, its log-sum-exp and
+//!   every sum are f32.
 //! - For the backward pass the op keeps `q`, `k`, `v` and its output as bf16
 //!   (half their f32 bytes, and exact: they are bf16 values) plus the f32
 //!   log-sum-exp, instead of the f32 input tensors. Its output is bf16-valued,

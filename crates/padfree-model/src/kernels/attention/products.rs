@@ -48,8 +48,8 @@ use crate::kernels::simd::{self, dot};
 pub(super) const BLOCK_ROWS: usize = 64;
 
 /// `softmax(q k^T * scale + causal) v` for every example, the softmax's
-/// numerators rounded to bf16 before they meet `v` (see the module docs). `q`, `k`, `v` must be
-/// bf16-valued.
+/// numerators rounded to bf16 before they meet `v` (see the module docs).
+/// `q`, `k`, `v` must be bf16-valued.
 ///
 /// # Panics
 /// In builds with debug assertions, when an input is not bf16-valued.
