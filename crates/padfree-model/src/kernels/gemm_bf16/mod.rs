@@ -261,7 +261,7 @@ pub fn reads_weight_copies() -> bool {
 /// else the body's default. Without copies the packed bodies round the f32
 /// weights as they pack them: the same bits, 2 bytes a weight less (on the
 /// AMX machine of `docs/benchmarks/2026-12-05-bf16-attention-tiles.md`,
-/// SmolLM2-135M's peak 250-260 MiB lower, its steps 0-4% slower).
+/// SmolLM2-135M's peak 250-260 MiB lower, its steps 0-8% slower).
 pub fn weight_copies_for(setting: Option<&str>, body: Body) -> bool {
     match setting {
         Some("0") => false,
