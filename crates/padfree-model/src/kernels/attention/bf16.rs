@@ -342,7 +342,8 @@ mod tests {
         // Every gradient reads bf16 copies of P or dS (2^-8 relative each)
         // and of dO (2^-8), and dq and dk the softmax correction dO . O from
         // the rounded output (2^-8 relative on O): seen 6.8e-3 (dq), 5.1e-3
-        // (dk) and 2.1e-3 (dv) of the largest value; the tolerance is 2^-6.
+        // (dk) and 2.1e-3 (dv) of the largest value; the tolerance, 1e-2, is
+        // the one dq and dk had before P and dS were rounded.
         let mut worst = Vec::new();
         for (name, got, want) in [
             ("dq", &grads16[0], &oracle_grads[0]),
@@ -352,10 +353,7 @@ mod tests {
             let largest = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             let mut share = 0f32;
             for (a, b) in got.iter().zip(want.iter()) {
-                assert!(
-                    (a - b).abs() <= 2f32.powi(-6) * largest + 1e-7,
-                    "{name}: {a} vs {b}"
-                );
+                assert!((a - b).abs() <= 1e-2 * largest + 1e-7, "{name}: {a} vs {b}");
                 share = share.max((a - b).abs() / largest);
             }
             worst.push((name, share));

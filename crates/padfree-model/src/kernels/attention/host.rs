@@ -64,12 +64,7 @@ pub fn forward(
 ) -> ForwardOutput {
     let Qkv { q, k, v } = inputs;
     let widths = [dims.q_row(), dims.num_heads];
-    let [out, lse] = for_each_example(widths, cu_seqlens, |job| {
-        let Job {
-            start,
-            len,
-            outputs: [out, lse],
-        } = job;
+    let [out, lse] = for_each_example(widths, cu_seqlens, |start, len, [out, lse]| {
         let example = Example::new(q, k, v, start, len, dims);
         simd::dispatch(
             #[inline(always)]
@@ -103,18 +98,9 @@ pub fn backward(
 ) -> BackwardOutput {
     let Qkv { q, k, v } = inputs;
     let widths = [dims.q_row(), dims.kv_row(), dims.kv_row()];
-    let [dq, dk, dv] = for_each_example(widths, cu_seqlens, |job| {
-        let Job {
-            start,
-            len,
-            outputs: [dq, dk, dv],
-        } = job;
+    let [dq, dk, dv] = for_each_example(widths, cu_seqlens, |start, len, [dq, dk, dv]| {
         let example = Example::new(q, k, v, start, len, dims);
-        let saved = Saved {
-            out: &out[start * dims.q_row()..(start + len) * dims.q_row()],
-            lse: &lse[start * dims.num_heads..(start + len) * dims.num_heads],
-            d_out: &d_out[start * dims.q_row()..(start + len) * dims.q_row()],
-        };
+        let saved = Saved { out, lse, d_out }.rows(start, len, dims);
         simd::dispatch(
             #[inline(always)]
             || example.backward(scale, &saved, Grads { dq, dk, dv }),
@@ -137,21 +123,14 @@ fn len(bounds: &[u32]) -> usize {
     offset(bounds[1]) - offset(bounds[0])
 }
 
-/// One example's share of a call: its first row, its length, and its rows
-/// of each output, which it alone writes.
-pub(super) struct Job<'a, const N: usize> {
-    pub start: usize,
-    pub len: usize,
-    pub outputs: [&'a mut [f32]; N],
-}
-
 /// `N` outputs of `[T, width]` (each width given), zeros, written by `each`
-/// for every example (one [`Job`] each) on rayon's threads, longest
-/// example first.
+/// for every example on rayon's threads, longest example first: `each`
+/// gets the example's first row, its length, and its rows of each output,
+/// which it alone writes.
 pub(super) fn for_each_example<const N: usize>(
     widths: [usize; N],
     cu_seqlens: &[u32],
-    each: impl Fn(Job<'_, N>) + Sync,
+    each: impl Fn(usize, usize, [&mut [f32]; N]) + Sync,
 ) -> [Vec<f32>; N] {
     let total = total_tokens(cu_seqlens);
     let mut outputs = widths.map(|width| vec![0.0; total * width]);
@@ -162,14 +141,15 @@ pub(super) fn for_each_example<const N: usize>(
         .collect();
     let mut jobs: Vec<_> = cu_seqlens
         .windows(2)
-        .map(|bounds| Job {
-            start: offset(bounds[0]),
-            len: len(bounds),
-            outputs: std::array::from_fn(|n| blocks[n].next().expect("a block per example")),
+        .map(|bounds| {
+            let rows: [&mut [f32]; N] =
+                std::array::from_fn(|n| blocks[n].next().expect("a block per example"));
+            (offset(bounds[0]), len(bounds), rows)
         })
         .collect();
-    longest_first(&mut jobs, |job| job.len);
-    jobs.into_par_iter().for_each(&each);
+    longest_first(&mut jobs, |job| job.1);
+    jobs.into_par_iter()
+        .for_each(|(start, len, rows)| each(start, len, rows));
     outputs
 }
 
@@ -205,6 +185,18 @@ pub(super) struct Saved<'a> {
     pub out: &'a [f32],
     pub lse: &'a [f32],
     pub d_out: &'a [f32],
+}
+
+impl<'a> Saved<'a> {
+    /// Rows `start..start + len` (one example's) of a whole batch's.
+    pub(super) fn rows(&self, start: usize, len: usize, dims: AttentionDims) -> Saved<'a> {
+        let (qr, heads) = (dims.q_row(), dims.num_heads);
+        Saved {
+            out: &self.out[start * qr..(start + len) * qr],
+            lse: &self.lse[start * heads..(start + len) * heads],
+            d_out: &self.d_out[start * qr..(start + len) * qr],
+        }
+    }
 }
 
 /// One example's rows of the gradients, written by that example alone.

@@ -35,9 +35,7 @@
 //! `q`, `out`, `dq`, `d_out`: `[T, H, D]`; `k`, `v`, `dk`, `dv`:
 //! `[T, Hkv, D]`; `lse`: `[T, H]`; inputs bf16-valued f32.
 
-use super::host::{
-    AttentionDims, BackwardOutput, ForwardOutput, Job, Qkv, Saved, for_each_example,
-};
+use super::host::{AttentionDims, BackwardOutput, ForwardOutput, Qkv, Saved, for_each_example};
 use crate::kernels::gemm::Write;
 use crate::kernels::gemm_bf16::{self, Body, View16, product_into_with};
 use crate::kernels::simd::{self, dot};
@@ -74,12 +72,7 @@ pub(super) fn forward_with(
     scale: f32,
 ) -> ForwardOutput {
     let widths = [dims.q_row(), dims.num_heads];
-    let [out, lse] = for_each_example(widths, cu_seqlens, |job| {
-        let Job {
-            start,
-            len,
-            outputs: [out, lse],
-        } = job;
+    let [out, lse] = for_each_example(widths, cu_seqlens, |start, len, [out, lse]| {
         Example::new(body, inputs, (start, len), dims).forward(scale, out, lse);
     });
     ForwardOutput { out, lse }
@@ -115,18 +108,8 @@ pub(super) fn backward_with(
     // dK and dV gather every query head of their group and every block
     // of rows: the products add into the zeros they start as.
     let widths = [dims.q_row(), dims.kv_row(), dims.kv_row()];
-    let [dq, dk, dv] = for_each_example(widths, cu_seqlens, |job| {
-        let Job {
-            start,
-            len,
-            outputs: [dq, dk, dv],
-        } = job;
-        let (qr, heads) = (dims.q_row(), dims.num_heads);
-        let saved = Saved {
-            out: &out[start * qr..(start + len) * qr],
-            lse: &lse[start * heads..(start + len) * heads],
-            d_out: &d_out[start * qr..(start + len) * qr],
-        };
+    let [dq, dk, dv] = for_each_example(widths, cu_seqlens, |start, len, [dq, dk, dv]| {
+        let saved = Saved { out, lse, d_out }.rows(start, len, dims);
         Example::new(body, inputs, (start, len), dims).backward(scale, &saved, [dq, dk, dv]);
     });
     BackwardOutput { dq, dk, dv }
