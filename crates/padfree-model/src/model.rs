@@ -20,8 +20,7 @@ use crate::lora::{DropoutDraw, Lora, LoraTarget};
 use crate::loss::{LabelRows, LossSum, fused_head_cross_entropy_sum, host_head_cross_entropy_sum};
 use crate::precision::Bf16Weights;
 use crate::tensor::{
-    Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, frozen, int_tensor, linear,
-    trainable,
+    Bool, Device, IntoHostVec, Tensor, bool_tensor, float_tensor, frozen, linear, trainable,
 };
 use crate::weights::gguf::GgufFile;
 use crate::weights::gguf::llama as gguf_llama;
@@ -493,7 +492,7 @@ impl LlamaModel {
         mut visit: impl FnMut(Tensor<2>),
     ) -> Result<Tensor<2>, ModelError> {
         self.with_layout(input, |rope, layout, rows| {
-            let mut x = self.embed(input);
+            let mut x = self.embed(input)?;
             visit(x.clone());
             for layer in 0..self.config.num_hidden_layers {
                 x = self.layer(layer, rows)?.forward(x, rope, layout)?;
@@ -504,9 +503,8 @@ impl LlamaModel {
     }
 
     /// `[N, C]`: the embedding of every token of the batch.
-    fn embed(&self, input: &ModelInput<'_>) -> Tensor<2> {
-        Embedding::new(&self.params[index::EMBEDDING])
-            .forward(int_tensor(input.input_ids(), &self.device))
+    fn embed(&self, input: &ModelInput<'_>) -> Result<Tensor<2>, ModelError> {
+        Ok(Embedding::new(&self.params[index::EMBEDDING]).forward(input.input_ids())?)
     }
 
     /// The norm after the last decoder layer.

@@ -179,6 +179,24 @@ impl Bf16Weights {
         self.refreshes += 1;
     }
 
+    /// The host copies for whoever updates their weights to write (in
+    /// place, where nothing else holds a copy; else into a new one, as
+    /// [`Self::refresh`] would): `None` where a parameter has none. Counts
+    /// as a refresh, which the writer owes: every value of every copy.
+    pub fn lend_for_writing(&mut self) -> Vec<Option<&mut [bf16]>> {
+        self.refreshes += 1;
+        self.copies
+            .iter_mut()
+            .map(|copy| {
+                let copy = copy.as_mut()?;
+                if Arc::get_mut(copy).is_none() {
+                    *copy = vec![bf16::ZERO; copy.len()].into();
+                }
+                Arc::get_mut(copy).map(|values| &mut values[..])
+            })
+            .collect()
+    }
+
     /// The copy of parameter `index`, if it has one.
     pub fn get(&self, index: usize) -> Option<&Arc<[bf16]>> {
         self.copies.get(index).and_then(Option::as_ref)

@@ -214,10 +214,30 @@ fn the_bf16_copies_are_the_rounded_weights_and_count_their_refreshes() {
         Some(rounded),
         "the refreshed copy"
     );
-    // f32 holds no copies and counts none.
-    let f32_model = model.with_precision(Precision::F32).expect("f32");
+    // The copies handed to an optimizer to write: one per trained
+    // parameter, `Some` exactly where a copy is kept, of its length; what
+    // is written there is what the model reads, and it counts as a refresh.
+    let lens: Vec<usize> = model.params().iter().map(|p| p.numel()).collect();
+    let kept: Vec<bool> = (0..checked)
+        .map(|i| model.bf16_copy_values(i).is_some())
+        .collect();
+    let mut written = model.bf16_copies_to_write().expect("host copies");
+    assert_eq!(written.len(), checked);
+    for (index, copy) in written.iter_mut().enumerate() {
+        assert_eq!(copy.is_some(), kept[index], "parameter {index}");
+        if let Some(copy) = copy {
+            assert_eq!(copy.len(), lens[index]);
+            copy.fill(half::bf16::from_f32(0.5));
+        }
+    }
+    drop(written);
+    assert_eq!(model.bf16_refreshes(), 3);
+    assert_eq!(model.bf16_copy_values(at), Some(vec![0.5; lens[at]]));
+    // f32 holds no copies, counts none, and hands none out.
+    let mut f32_model = model.with_precision(Precision::F32).expect("f32");
     assert_eq!(f32_model.bf16_refreshes(), 0);
     assert!(f32_model.bf16_copy_values(1).is_none());
+    assert!(f32_model.bf16_copies_to_write().is_none());
 }
 
 /// transformers under `torch.autocast("cpu", torch.bfloat16)` (HF's

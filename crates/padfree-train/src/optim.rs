@@ -1,6 +1,7 @@
 use std::ops::Range;
 
-use padfree_model::kernels::{AdamWStep, adamw_update, simd_dispatch};
+use half::bf16;
+use padfree_model::kernels::{AdamWStep, adamw_update, round_bf16, simd_dispatch};
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, float_tensor};
 use rayon::prelude::*;
 
@@ -60,20 +61,46 @@ struct Update {
 }
 
 impl Update {
-    /// torch's formula, element by element (inlined into [`simd_dispatch`]'s
-    /// body, so that it vectorises for the CPU's instruction set).
+    /// torch's formula for one element: updates its moments, returns its
+    /// new value. Inlined into the loops below, which run in
+    /// [`simd_dispatch`]'s body so that they vectorise for the CPU's
+    /// instruction set.
+    #[inline(always)]
+    fn element(&self, value: f32, exp_avg: &mut f32, exp_avg_sq: &mut f32, raw: f32) -> f32 {
+        let g = raw * self.grad_scale;
+        let p = value * self.decay;
+        let m = *exp_avg + (g - *exp_avg) * (1.0 - self.beta1);
+        let v = *exp_avg_sq * self.beta2 + (1.0 - self.beta2) * g * g;
+        let denom = v.sqrt() / self.bias_correction2_sqrt + self.eps;
+        *exp_avg = m;
+        *exp_avg_sq = v;
+        p - self.step_size * (m / denom)
+    }
+
     #[inline(always)]
     fn apply(&self, values: &mut [f32], exp_avg: &mut [f32], exp_avg_sq: &mut [f32], grad: &[f32]) {
         let moments = exp_avg.iter_mut().zip(exp_avg_sq.iter_mut());
         for ((value, (exp_avg, exp_avg_sq)), &raw) in values.iter_mut().zip(moments).zip(grad) {
-            let g = raw * self.grad_scale;
-            let p = *value * self.decay;
-            let m = *exp_avg + (g - *exp_avg) * (1.0 - self.beta1);
-            let v = *exp_avg_sq * self.beta2 + (1.0 - self.beta2) * g * g;
-            let denom = v.sqrt() / self.bias_correction2_sqrt + self.eps;
-            *value = p - self.step_size * (m / denom);
-            *exp_avg = m;
-            *exp_avg_sq = v;
+            *value = self.element(*value, exp_avg, exp_avg_sq, raw);
+        }
+    }
+
+    /// [`Self::apply`], also writing each new value rounded to bf16 into
+    /// `copy` (`--bf16`'s weight copies, in the same pass).
+    #[inline(always)]
+    fn apply_rounding(
+        &self,
+        values: &mut [f32],
+        exp_avg: &mut [f32],
+        exp_avg_sq: &mut [f32],
+        grad: &[f32],
+        copy: &mut [bf16],
+    ) {
+        let moments = exp_avg.iter_mut().zip(exp_avg_sq.iter_mut());
+        let outputs = values.iter_mut().zip(copy.iter_mut());
+        for (((value, copy), (exp_avg, exp_avg_sq)), &raw) in outputs.zip(moments).zip(grad) {
+            *value = self.element(*value, exp_avg, exp_avg_sq, raw);
+            *copy = round_bf16(*value);
         }
     }
 }
@@ -218,6 +245,26 @@ impl AdamW {
     /// One update with `grads` (same order and sizes as the parameters),
     /// each multiplied by `grad_scale` first (the clipping coefficient).
     pub fn step(&mut self, grads: &[Vec<f32>], grad_scale: f32, lr: f64) {
+        self.step_writing_bf16(grads, grad_scale, lr, &mut []);
+    }
+
+    /// [`Self::step`], writing each updated parameter that has an entry in
+    /// `copies` (same order; missing or `None`: none) rounded to bf16 there
+    /// too, in the same pass (`--bf16`'s weight copies: the values
+    /// `LlamaModel::refresh_bf16_weights` would make, without reading the
+    /// weights again).
+    ///
+    /// # Panics
+    /// When a copy's length is not its parameter's, or a copy is given for
+    /// a sharded parameter (this rank updates only part of it; the rest
+    /// arrives with the all-gather, so the caller refreshes after that).
+    pub fn step_writing_bf16(
+        &mut self,
+        grads: &[Vec<f32>],
+        grad_scale: f32,
+        lr: f64,
+        copies: &mut [Option<&mut [bf16]>],
+    ) {
         self.step += 1;
         let bias_correction1 = 1.0 - self.beta1.powi(self.step as i32);
         let bias_correction2 = 1.0 - self.beta2.powi(self.step as i32);
@@ -225,7 +272,7 @@ impl AdamW {
         let bias_correction2_sqrt = bias_correction2.sqrt() as f32;
         let (beta1, beta2, eps) = (self.beta1 as f32, self.beta2 as f32, self.epsilon as f32);
         let decay_factor = (1.0 - lr * self.weight_decay) as f32;
-        for (state, grad) in self.groups.iter_mut().zip(grads) {
+        for (index, (state, grad)) in self.groups.iter_mut().zip(grads).enumerate() {
             let update = Update {
                 grad_scale,
                 decay: if state.decays { decay_factor } else { 1.0 },
@@ -238,23 +285,42 @@ impl AdamW {
             // Every element is updated on its own, so splitting the work over
             // threads (or ranks) leaves the result bit-identical.
             let shard = state.shard.clone();
-            state.values[shard.clone()]
+            let chunks = state.values[shard.clone()]
                 .par_chunks_mut(ELEMENTS_PER_TASK)
                 .zip(state.exp_avg.par_chunks_mut(ELEMENTS_PER_TASK))
                 .zip(state.exp_avg_sq.par_chunks_mut(ELEMENTS_PER_TASK))
-                .zip(grad[shard].par_chunks(ELEMENTS_PER_TASK))
-                .for_each(|(((values, exp_avg), exp_avg_sq), grad)| {
-                    // Built for baseline x86-64 the loop's square roots and
-                    // divisions take 4 lanes at a time: 120-131 ms against
-                    // 113-115 ms for SmolLM2-135M's 135M values on 2
-                    // threads (then it is the memory's 34 GB/s). IEEE
-                    // square roots and quotients round the same in every
-                    // width: the same bits.
+                .zip(grad[shard.clone()].par_chunks(ELEMENTS_PER_TASK));
+            // Built for baseline x86-64 the loop's square roots and
+            // divisions take 4 lanes at a time: 120-131 ms against 113-115
+            // ms for SmolLM2-135M's 135M values on 2 threads (then it is
+            // the memory's 34 GB/s). IEEE square roots and quotients round
+            // the same in every width: the same bits.
+            match copies.get_mut(index).and_then(Option::as_deref_mut) {
+                None => chunks.for_each(|(((values, exp_avg), exp_avg_sq), grad)| {
                     simd_dispatch(
                         #[inline(always)]
                         || update.apply(values, exp_avg, exp_avg_sq, grad),
                     );
-                });
+                }),
+                Some(copy) => {
+                    assert!(
+                        copy.len() == state.numel && shard == (0..state.numel),
+                        "parameter {}: a bf16 copy of {} values for an update of {:?} of {}",
+                        state.name,
+                        copy.len(),
+                        shard,
+                        state.numel
+                    );
+                    chunks.zip(copy.par_chunks_mut(ELEMENTS_PER_TASK)).for_each(
+                        |((((values, exp_avg), exp_avg_sq), grad), copy)| {
+                            simd_dispatch(
+                                #[inline(always)]
+                                || update.apply_rounding(values, exp_avg, exp_avg_sq, grad, copy),
+                            );
+                        },
+                    );
+                }
+            }
         }
     }
 
@@ -556,6 +622,54 @@ mod tests {
         for (index, values) in combined.iter().enumerate() {
             assert_eq!(values, whole.values(index), "parameter {index}");
         }
+    }
+
+    #[test]
+    fn bf16_copies_written_in_the_update_are_the_updated_values_rounded() {
+        // Two parameters, the first longer than a rayon task (its copy is
+        // written chunk by chunk); the second has no copy.
+        let long = 2 * ELEMENTS_PER_TASK + 3;
+        let wave = |len: usize, seed: f32| -> Vec<f32> {
+            (0..len)
+                .map(|i| (i as f32 * 0.37 + seed).sin() * 10f32.powi(i as i32 % 7 - 3))
+                .collect()
+        };
+        let params = vec![
+            ("model.layers.0.mlp.up_proj.weight".into(), wave(long, 0.1)),
+            ("model.norm.weight".into(), wave(9, 0.5)),
+        ];
+        let grads = vec![wave(long, 1.3), wave(9, 2.1)];
+        let mut plain = AdamW::new(params, 0.9, 0.999, 1e-8, 0.01);
+        let mut writing = plain.clone();
+        let mut copy = vec![bf16::ZERO; long];
+        for step in 0..3 {
+            plain.step(&grads, 0.5, 1e-3);
+            // A stale copy each step: every value must be written.
+            copy.fill(bf16::from_f32(f32::NAN));
+            writing.step_writing_bf16(&grads, 0.5, 1e-3, &mut [Some(&mut copy), None]);
+            assert_eq!(
+                writing, plain,
+                "step {step}: values and moments as a plain update"
+            );
+            let rounded: Vec<u16> = plain
+                .values(0)
+                .iter()
+                .map(|&v| bf16::from_f32(v).to_bits())
+                .collect();
+            let written: Vec<u16> = copy.iter().map(|c| c.to_bits()).collect();
+            assert!(
+                written == rounded,
+                "step {step}: the copy is not the new values rounded"
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "a bf16 copy of 3 values")]
+    fn a_bf16_copy_of_another_length_is_refused() {
+        let mut adamw = AdamW::new(vec![("w".into(), vec![1.0; 4])], 0.9, 0.999, 1e-8, 0.0);
+        let mut copy = vec![bf16::ZERO; 3];
+        adamw.step_writing_bf16(&[vec![1.0; 4]], 1.0, 0.1, &mut [Some(&mut copy)]);
     }
 
     #[test]

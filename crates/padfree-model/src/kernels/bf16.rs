@@ -24,9 +24,10 @@ use super::simd::dispatch;
 /// Slices longer than this are rounded or widened on rayon's threads.
 const PARALLEL_VALUES: usize = 1 << 16;
 
-/// `x` rounded to bf16 (nearest, ties to even).
+/// `x` rounded to bf16 (nearest, ties to even). Public for loops that
+/// round as they write (the optimizer's update of `--bf16`'s copies).
 #[inline(always)]
-pub(crate) fn round(x: f32) -> bf16 {
+pub fn round(x: f32) -> bf16 {
     let bits = x.to_bits();
     let rounded = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
     let nan = ((bits >> 16) | 0x40) as u16;

@@ -88,6 +88,21 @@ pub(crate) trait HostOp<const N: usize>:
         d_out: &[f32],
         needed: [bool; N],
     ) -> [Vec<f32>; N];
+
+    /// [`Self::backward`] with what the forward pass saved handed over
+    /// (the graph's only holder of it: a plain backward pass), for an op
+    /// whose gradients are its saved values and can be returned in their
+    /// buffers.
+    fn backward_owned(
+        &self,
+        inputs: [HostTensor<'_>; N],
+        output: &[f32],
+        saved: Vec<f32>,
+        d_out: &[f32],
+        needed: [bool; N],
+    ) -> [Vec<f32>; N] {
+        self.backward(inputs, output, &saved, d_out, needed)
+    }
 }
 
 /// The backend primitives of `inputs` on backend `$backend`.
@@ -211,10 +226,16 @@ impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for HostBackwardOf<Op, N> 
             panic!("fused kernel backward: tensors are no longer contiguous f32");
         };
         let needed = ops.parents.each_ref().map(Option::is_some);
-        let gradients =
-            state
+        let gradients = match Arc::try_unwrap(state.saved) {
+            Ok(saved) => {
+                state
+                    .op
+                    .backward_owned(inputs, output_values, saved, d_out_values, needed)
+            }
+            Err(shared) => state
                 .op
-                .backward(inputs, output_values, &state.saved, d_out_values, needed);
+                .backward(inputs, output_values, &shared, d_out_values, needed),
+        };
         register(
             grads,
             ops.parents.map(|p| p.map(|node| node.id)),

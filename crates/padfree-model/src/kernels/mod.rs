@@ -48,6 +48,7 @@ mod cross_entropy;
 #[cfg(feature = "cube")]
 mod cube_op;
 pub mod dropout;
+mod embedding;
 mod fresh;
 mod gemm;
 pub mod gemm_bf16;
@@ -71,10 +72,12 @@ pub use attention::{
     composed_varlen_attention, half_varlen_attention, per_row_varlen_attention,
     tiled_by_head_varlen_attention, varlen_attention,
 };
+pub use bf16::round as round_bf16;
 pub use cross_entropy::{
     composed_cross_entropy_sum, cross_entropy_sum, head_chunk_rows, head_cross_entropy_sum,
     host_head_cross_entropy_sum,
 };
+pub use embedding::{composed_embedding, embedding};
 pub use host_op::UnsupportedTensor;
 pub use line_alloc::{LINED_FROM, LineAligned};
 #[cfg(feature = "cube")]

@@ -1,4 +1,5 @@
-use crate::tensor::{Int, Tensor, select_rows};
+use crate::kernels::{UnsupportedTensor, embedding};
+use crate::tensor::Tensor;
 use crate::weights::table::Param;
 
 /// Token embedding: a row of `[V, C]` per token id.
@@ -15,7 +16,7 @@ impl<'a> Embedding<'a> {
     }
 
     /// `[N]` ids (already checked against the vocabulary) `-> [N, C]`.
-    pub fn forward(&self, ids: Tensor<1, Int>) -> Tensor<2> {
-        select_rows(&self.weight.value, ids)
+    pub fn forward(&self, ids: &[u32]) -> Result<Tensor<2>, UnsupportedTensor> {
+        embedding(&self.weight.value, ids)
     }
 }

@@ -103,7 +103,7 @@ impl LlamaModel {
         let off = self.off_graph(self.lora.as_ref().and_then(|lora| lora.dropout.clone()));
         let mut states: Vec<Tensor<2>> = Vec::with_capacity(layers + 1);
         off.with_layout(input, |rope, layout, rows| {
-            let mut x = off.embed(input);
+            let mut x = off.embed(input)?;
             for layer in 0..layers {
                 let next = off.layer(layer, rows)?.forward(x.clone(), rope, layout)?;
                 states.push(x);
@@ -164,7 +164,7 @@ impl LlamaModel {
         if self.params[index::EMBEDDING].value.is_require_grad()
             && let Some(g) = upstream
         {
-            let gradients = backward(&(self.embed(input) * Tensor::from_inner(g)).sum());
+            let gradients = backward(&(self.embed(input)? * Tensor::from_inner(g)).sum());
             take(&gradients, head_buckets + layers + 1);
         }
         Ok(loss_sum)

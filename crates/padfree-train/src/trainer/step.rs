@@ -263,7 +263,24 @@ impl Engine {
             GradSums::Host(grads) => {
                 let shapes = self.reclaim_optimizer_values();
                 let optimizer = &mut self.optimizer;
-                on_workers(|| optimizer.step(&grads, clip as f32, learning_rate));
+                // --bf16 on the CPU: the update writes the weights' copies
+                // as it goes; a rank that updates only its shard gets the
+                // rest with the all-gather and refreshes after it.
+                let mut copies = if sharded {
+                    None
+                } else {
+                    self.model.bf16_copies_to_write()
+                };
+                let copies_written = copies.is_some();
+                on_workers(|| {
+                    optimizer.step_writing_bf16(
+                        &grads,
+                        clip as f32,
+                        learning_rate,
+                        copies.as_deref_mut().unwrap_or_default(),
+                    );
+                });
+                drop(copies);
                 drop(grads);
                 if sharded {
                     // Each rank updated its shard; every rank needs all of them.
@@ -272,7 +289,9 @@ impl Engine {
                     exchange_seconds += gathering.elapsed().as_secs_f64();
                 }
                 self.load_optimizer_values(&shapes);
-                self.model.refresh_bf16_weights();
+                if !copies_written {
+                    self.model.refresh_bf16_weights();
+                }
             }
             GradSums::Device(grads) => {
                 let grads: Vec<_> = grads.into_iter().flatten().collect();

@@ -44,10 +44,25 @@ use super::{ROWS_PER_TASK, log_sum_exp};
 pub(crate) struct HeadLoss {
     /// Summed `-log softmax(x W^T)[target]` over the rows.
     pub loss: f64,
-    /// `[K, C]`, of the loss itself (upstream gradient 1); empty unless asked.
-    pub dx: Vec<f32>,
-    /// `[V, C]`, likewise.
-    pub dw: Vec<f32>,
+    /// `dW` (`[V, C]`) then `dx` (`[K, C]`), each of the loss itself
+    /// (upstream gradient 1) and empty unless asked: one buffer, which the
+    /// backward pass hands on as `dW`'s (no copy of the head's size).
+    pub grads: Vec<f32>,
+    /// How many of `grads` are `dW`'s.
+    pub dw_len: usize,
+}
+
+#[cfg(test)]
+impl HeadLoss {
+    /// `[V, C]`, or empty.
+    pub fn dw(&self) -> &[f32] {
+        &self.grads[..self.dw_len]
+    }
+
+    /// `[K, C]`, or empty.
+    pub fn dx(&self) -> &[f32] {
+        &self.grads[self.dw_len..]
+    }
 }
 
 /// The head's operands: f32, or `--bf16`'s head (its bf16 copy, or the
@@ -77,21 +92,19 @@ pub(crate) fn head_loss(
     let chunk_rows = chunk_rows.clamp(1, rows.max(1));
     let mut logits = vec![0.0f32; chunk_rows * vocab];
     let mut losses = vec![0.0f64; chunk_rows];
-    let mut dx = if grads[0] {
-        vec![0.0f32; rows * hidden]
-    } else {
-        Vec::new()
-    };
-    let mut dw = if grads[1] {
-        vec![0.0f32; vocab * hidden]
-    } else {
-        Vec::new()
-    };
+    let dw_len = if grads[1] { vocab * hidden } else { 0 };
+    let dx_len = if grads[0] { rows * hidden } else { 0 };
+    let mut out = vec![0.0f32; dw_len + dx_len];
     let mut loss = 0.0f64;
     if rows == 0 {
         // No labelled row: zero loss and gradients, and nothing to pack.
-        return HeadLoss { loss, dx, dw };
+        return HeadLoss {
+            loss,
+            grads: out,
+            dw_len,
+        };
     }
+    let (dw, dx) = out.split_at_mut(dw_len);
     let rounds = matches!(head, Head::Bf16(_));
     // Under --bf16 the head's weight is packed once for all the chunks, as
     // `B` of `x W^T` and, when `dx` is asked, of `dz W` (two packs of the
@@ -162,14 +175,14 @@ pub(crate) fn head_loss(
             let write = if at == 0 { Write::Set } else { Write::Add(1.0) };
             match head {
                 Head::F32(_) => gemm::product_into(
-                    &mut dw,
+                    dw,
                     hidden,
                     View::row_major(z, n, vocab).t(),
                     View::row_major(xc, n, hidden),
                     write,
                 ),
                 Head::Bf16(_) => gemm_bf16::product_into(
-                    &mut dw,
+                    dw,
                     hidden,
                     View16::f32(z, n, vocab).t(),
                     View16::f32(xc, n, hidden),
@@ -178,7 +191,11 @@ pub(crate) fn head_loss(
             }
         }
     }
-    HeadLoss { loss, dx, dw }
+    HeadLoss {
+        loss,
+        grads: out,
+        dw_len,
+    }
 }
 
 /// The head's weight as [`head_loss`]'s chunks read it: f32, or under
@@ -252,7 +269,7 @@ impl HostOp<2> for HeadCrossEntropy {
             Some(w16) => Head::Bf16(w16.view(w.values, vocab, hidden)),
             None => Head::F32(w.values),
         };
-        let HeadLoss { loss, dx, mut dw } = head_loss(
+        let HeadLoss { loss, grads, .. } = head_loss(
             x.values,
             head,
             &self.targets,
@@ -260,52 +277,54 @@ impl HostOp<2> for HeadCrossEntropy {
             self.chunk_rows,
             self.grads,
         );
-        let mut saved = dx;
-        saved.append(&mut dw);
         HostOutput {
             values: vec![loss as f32],
             shape: vec![1],
-            saved,
+            saved: grads,
         }
     }
 
     fn backward(
         &self,
-        [x, w]: [HostTensor<'_>; 2],
-        _output: &[f32],
+        inputs: [HostTensor<'_>; 2],
+        output: &[f32],
         saved: &[f32],
         d_out: &[f32],
         needed: [bool; 2],
     ) -> [Vec<f32>; 2] {
+        self.backward_owned(inputs, output, saved.to_vec(), d_out, needed)
+    }
+
+    /// The saved gradients scaled by the upstream one, `dW` in place in
+    /// the buffer the forward pass made (`dx`, small, copied out of it).
+    fn backward_owned(
+        &self,
+        [x, w]: [HostTensor<'_>; 2],
+        _output: &[f32],
+        mut saved: Vec<f32>,
+        d_out: &[f32],
+        needed: [bool; 2],
+    ) -> [Vec<f32>; 2] {
         let d_loss = d_out.first().copied().unwrap_or(0.0);
-        let dx_len = if self.grads[0] {
-            x.shape.iter().product()
+        let lens = [x.shape, w.shape].map(|shape| shape.iter().product::<usize>());
+        let made = [0, 1].map(|i| if self.grads[i] { lens[i] } else { 0 });
+        // The graph asks for the gradients of the inputs it tracks, the
+        // ones `tracking` named: a gradient asked for and not made is a
+        // bug, never a zero.
+        assert!(
+            saved.len() == made[0] + made[1] && (0..2).all(|i| !needed[i] || self.grads[i]),
+            "head cross-entropy: a gradient the forward pass did not make is needed"
+        );
+        let scale = |values: &mut [f32]| values.par_iter_mut().for_each(|g| *g *= d_loss);
+        let mut dx = if needed[0] {
+            saved[made[1]..].to_vec()
         } else {
-            0
+            Vec::new()
         };
-        let (dx, dw) = saved.split_at(dx_len.min(saved.len()));
-        let scaled = |made: bool, values: &[f32], shape: &[usize]| {
-            // The graph asks for the gradients of the inputs it tracks,
-            // the ones `tracking` named: a gradient asked for and not made
-            // is a bug, never a zero.
-            assert!(
-                made && values.len() == shape.iter().product::<usize>(),
-                "head cross-entropy: a gradient the forward pass did not make is needed"
-            );
-            values.par_iter().map(|&g| g * d_loss).collect()
-        };
-        [
-            if needed[0] {
-                scaled(self.grads[0], dx, x.shape)
-            } else {
-                Vec::new()
-            },
-            if needed[1] {
-                scaled(self.grads[1], dw, w.shape)
-            } else {
-                Vec::new()
-            },
-        ]
+        scale(&mut dx);
+        saved.truncate(if needed[1] { made[1] } else { 0 });
+        scale(&mut saved);
+        [dx, saved]
     }
 }
 
@@ -437,11 +456,11 @@ mod tests {
             ours.loss
         );
         let narrow = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<_>>();
-        assert_within("dx", &ours.dx, &narrow(dx), 1e-5);
-        assert_within("dW", &ours.dw, &narrow(dw), 1e-5);
+        assert_within("dx", ours.dx(), &narrow(dx), 1e-5);
+        assert_within("dW", ours.dw(), &narrow(dw), 1e-5);
         // Without gradients: the same loss, nothing else made.
         let bare = head_loss(&x, Head::F32(&w), &targets, [c, v], 4, [false, false]);
         assert_eq!(bare.loss, ours.loss);
-        assert!(bare.dx.is_empty() && bare.dw.is_empty());
+        assert!(bare.dx().is_empty() && bare.dw().is_empty());
     }
 }
