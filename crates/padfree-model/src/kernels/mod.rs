@@ -17,6 +17,9 @@
 //!
 //! `rope.rs` is the rotary position embedding of queries and keys.
 //!
+//! `embedding.rs` is the token embedding's lookup, its table gradient
+//! written once (burn's `select`, its oracle, zeroed and copied it).
+//!
 //! `linear/` is a linear layer's `x W^T` and its two gradients (f32, or
 //! bf16 operands for `--bf16`; on a GPU 16-bit operands on burn's matmul,
 //! `linear/cube.rs`), and `gemm.rs` the products on host slices
