@@ -32,9 +32,9 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::super::bf16::{round_in_place, rounded, rounded_copy};
+use super::super::bf16::rounded;
 use super::super::gemm::{self, View, Write};
-use super::super::gemm_bf16::{self, View16, Weight16, skinny};
+use super::super::gemm_bf16::{self, View16, Weight16};
 use super::super::host_op::{HostOp, HostOutput, HostTensor};
 use super::super::simd;
 use super::{ROWS_PER_TASK, log_sum_exp};
@@ -103,12 +103,6 @@ pub(crate) fn head_loss(
             grads: out,
             dw_len,
         };
-    }
-    if let Head::Bf16(w) = head
-        && rows <= chunk_rows
-        && skinny::fits(rows, w)
-    {
-        return head_loss_skinny(x, w, targets, [hidden, vocab], [dw_len, dx_len], grads);
     }
     let (dw, dx) = out.split_at_mut(dw_len);
     let rounds = matches!(head, Head::Bf16(_));
@@ -196,49 +190,6 @@ pub(crate) fn head_loss(
                 ),
             }
         }
-    }
-    HeadLoss {
-        loss,
-        grads: out,
-        dw_len,
-    }
-}
-
-/// [`head_loss`] under `--bf16` for a few labelled rows, in one chunk:
-/// the products stream the head instead of packing it
-/// (`gemm_bf16::skinny`), and `dW` is written once into a buffer that is
-/// never zeroed, `dx` appended behind it.
-fn head_loss_skinny(
-    x: &[f32],
-    w: View16<'_>,
-    targets: &[usize],
-    [hidden, vocab]: [usize; 2],
-    [dw_len, dx_len]: [usize; 2],
-    grads: [bool; 2],
-) -> HeadLoss {
-    let x = rounded_copy(x);
-    let mut z = skinny::x_wt(&x, w);
-    let softmax = grads[0] || grads[1];
-    let mut losses = vec![0.0f64; targets.len()];
-    z.par_chunks_mut(vocab)
-        .zip(losses.par_iter_mut())
-        .zip(targets.par_iter())
-        .for_each(|((row, loss), &target)| {
-            *loss = softmax_row(row, target, true, softmax);
-        });
-    // In row order, so the sum does not depend on the threads.
-    let loss = losses.iter().sum::<f64>();
-    if softmax {
-        // `dz` as both products read it.
-        round_in_place(&mut z);
-    }
-    let mut out = if grads[1] {
-        skinny::dzt_x(&z, &x, [vocab, hidden], dw_len + dx_len)
-    } else {
-        Vec::with_capacity(dx_len)
-    };
-    if grads[0] {
-        out.extend_from_slice(&skinny::dz_w(&z, w));
     }
     HeadLoss {
         loss,
@@ -463,51 +414,6 @@ mod tests {
                         if let (Some(a), Some(b)) = (&ours.2, &oracle.2) {
                             assert_within(&format!("{case}: dW"), a, b, 1e-5);
                         }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Under `--bf16`, a few rows in one chunk take the streamed products
-    /// (`gemm_bf16::skinny`), the same rows in two chunks the packed ones:
-    /// the same loss and gradients within f32 sums in another order
-    /// (1e-5), for the weight as a bf16 copy and as f32 rounded as read,
-    /// and for every choice of gradients (`[dW | dx]` laid out alike).
-    #[test]
-    fn few_rows_streamed_match_the_chunked_products() {
-        let (k, c, v) = (20, 72, 1100);
-        let (x, w) = (random(k * c, 21), random(v * c, 22));
-        let copy = round_slice(&w);
-        let targets: Vec<usize> = (0..k).map(|i| (i * 53 + 1) % v).collect();
-        for (name, head) in [
-            ("copy", View16::bf16(&copy, v, c)),
-            ("master", View16::f32(&w, v, c)),
-        ] {
-            assert!(
-                skinny::fits(k, head),
-                "the case takes the streamed products"
-            );
-            for grads in [[true, true], [true, false], [false, true], [false, false]] {
-                let case = format!("{name}, gradients {grads:?}");
-                let streamed = head_loss(&x, Head::Bf16(head), &targets, [c, v], k, grads);
-                let chunked = head_loss(&x, Head::Bf16(head), &targets, [c, v], k - 1, grads);
-                assert!(
-                    (streamed.loss - chunked.loss).abs() <= 1e-5 * chunked.loss.abs(),
-                    "{case}: loss {} vs {}",
-                    streamed.loss,
-                    chunked.loss
-                );
-                assert_eq!(streamed.dw_len, chunked.dw_len, "{case}: dW's length");
-                assert_eq!(streamed.grads.len(), chunked.grads.len(), "{case}: length");
-                for (made, what, ours, theirs) in [
-                    (grads[0], "dx", streamed.dx(), chunked.dx()),
-                    (grads[1], "dW", streamed.dw(), chunked.dw()),
-                ] {
-                    if made {
-                        assert_within(&format!("{case}: {what}"), ours, theirs, 1e-5);
-                    } else {
-                        assert!(ours.is_empty(), "{case}: {what} not asked, none made");
                     }
                 }
             }
