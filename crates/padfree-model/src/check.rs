@@ -246,13 +246,17 @@ pub fn check_batch(
     drop((flat_logits, padded_logits, moved_logits));
 
     // The summed loss and every gradient, through the training path.
-    let (flat_loss, flat_count, flat_grads) = loss_and_grads(model, &ModelInput::Varlen(&flat))?;
-    let (padded_loss, _, padded_grads) = loss_and_grads(model, &ModelInput::Padded(&padded))?;
+    let (flat_loss, flat_count, flat_grads) =
+        loss_and_grads(model, &ModelInput::Varlen(&flat), None)?;
+    let (padded_loss, _, padded_grads) = loss_and_grads(model, &ModelInput::Padded(&padded), None)?;
     let mut single_loss = 0.0;
     let mut single_grads: Vec<Vec<f32>> = Vec::new();
     for example in examples {
         let alone = alone(example)?;
-        let (loss, _, grads) = loss_and_grads(model, &ModelInput::Varlen(&alone))?;
+        // Each example runs its batch's kernels (the head's choice by the
+        // batch's labelled rows): the check compares layouts, not kernels.
+        let (loss, _, grads) =
+            loss_and_grads(model, &ModelInput::Varlen(&alone), Some(flat_count))?;
         single_loss += loss;
         if single_grads.is_empty() {
             single_grads = grads;
@@ -444,8 +448,9 @@ fn layer_of(param: &str) -> String {
 fn loss_and_grads(
     model: &LlamaModel,
     input: &ModelInput<'_>,
+    batch_rows: Option<usize>,
 ) -> Result<(f64, usize, Vec<Vec<f32>>), ModelError> {
-    let loss = model.loss_sum(input)?;
+    let loss = model.loss_sum_in_batch(input, batch_rows)?;
     let value = f64::from(loss.sum.clone().into_vec()[0]);
     let grads: Gradients = backward(&loss.sum);
     let per_param = model

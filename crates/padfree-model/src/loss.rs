@@ -72,6 +72,11 @@ pub const HEAD_CHUNK_BYTES: usize = 64 << 20;
 pub struct LabelRows {
     rows: Vec<i64>,
     targets: Vec<i64>,
+    /// The labelled rows of the batch these rows belong to, when they are
+    /// one example of it computed alone (`check`'s one-at-a-time pass):
+    /// the head picks its kernel by the batch's count, so that the example
+    /// runs the kernel its batch runs.
+    batch_rows: Option<usize>,
 }
 
 impl LabelRows {
@@ -101,6 +106,18 @@ impl LabelRows {
         Ok(labels)
     }
 
+    /// These rows as one example of a batch with `batch_rows` labelled
+    /// rows (see the field).
+    pub(crate) fn in_batch_of(self, batch_rows: Option<usize>) -> Self {
+        Self { batch_rows, ..self }
+    }
+
+    /// The row count the head chooses its kernel by: the batch's, else
+    /// these rows'.
+    pub(crate) fn kernel_rows(&self) -> usize {
+        self.batch_rows.unwrap_or(self.rows.len())
+    }
+
     /// Number of label tokens, `K`.
     pub fn len(&self) -> usize {
         self.rows.len()
@@ -120,6 +137,7 @@ impl LabelRows {
             .map(|(r, t)| LabelRows {
                 rows: r.to_vec(),
                 targets: t.to_vec(),
+                batch_rows: None,
             })
             .collect()
     }
@@ -177,7 +195,14 @@ pub(crate) fn host_head_cross_entropy_sum(
 ) -> Result<LossSum, ModelError> {
     let targets: Vec<usize> = labels.targets.iter().map(|&t| t as usize).collect();
     let chunk_rows = (HEAD_CHUNK_BYTES / (4 * head.dims()[0].max(1))).max(1);
-    let sum = host_head_cross_entropy_sum_op(kept, head, head16, &targets, chunk_rows)?;
+    let sum = host_head_cross_entropy_sum_op(
+        kept,
+        head,
+        head16,
+        &targets,
+        chunk_rows,
+        labels.kernel_rows(),
+    )?;
     Ok(LossSum {
         sum,
         num_tokens: labels.len(),

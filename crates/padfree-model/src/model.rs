@@ -405,9 +405,22 @@ impl LlamaModel {
     /// prompt tokens and pads: on the shipped data half the rows have no
     /// label, and the head is the largest matrix of a small model.
     pub fn loss_sum(&self, input: &ModelInput<'_>) -> Result<LossSum, ModelError> {
+        self.loss_sum_in_batch(input, None)
+    }
+
+    /// [`Self::loss_sum`] of one example of a batch with `batch_rows`
+    /// labelled rows, computed alone: kernels chosen by a row count (the
+    /// LM head's under `--bf16`) choose by the batch's, so that the
+    /// example runs what its batch runs (`check`'s one-at-a-time pass).
+    pub fn loss_sum_in_batch(
+        &self,
+        input: &ModelInput<'_>,
+        batch_rows: Option<usize>,
+    ) -> Result<LossSum, ModelError> {
         let hidden = self.hidden_states(input)?;
         let [rows, _] = hidden.dims();
-        let labels = LabelRows::new(&input.targets(), rows, self.config.vocab_size)?;
+        let labels =
+            LabelRows::new(&input.targets(), rows, self.config.vocab_size)?.in_batch_of(batch_rows);
         if labels.is_empty() {
             return Ok(LossSum::empty(hidden));
         }

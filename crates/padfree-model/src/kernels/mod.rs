@@ -24,8 +24,10 @@
 //! bf16 operands for `--bf16`; on a GPU 16-bit operands on burn's matmul,
 //! `linear/cube.rs`), and `gemm.rs` the products on host slices
 //! it and the other kernels call (burn-flex's gemm kernels without its
-//! zeroed, copied outputs); `gemm_bf16/` the bf16 products (AVX512-BF16,
-//! or widened to f32 where the CPU lacks it) and `bf16.rs` the rounding.
+//! zeroed, copied outputs); `gemm_bf16/` the bf16 products (AMX,
+//! AVX512-BF16, or widened to f32 where the CPU lacks them; the LM head's
+//! products for a few labelled rows streamed in `gemm_bf16/skinny.rs`) and
+//! `bf16.rs` the rounding.
 //!
 //! `adamw/` is AdamW's update of one parameter on a GPU in one kernel
 //! launch (the host loop in padfree-train does it on the CPU), and

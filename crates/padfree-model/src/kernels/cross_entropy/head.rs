@@ -32,9 +32,9 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::super::bf16::rounded;
+use super::super::bf16::{round_in_place, rounded, rounded_copy};
 use super::super::gemm::{self, View, Write};
-use super::super::gemm_bf16::{self, View16, Weight16};
+use super::super::gemm_bf16::{self, View16, Weight16, skinny};
 use super::super::host_op::{HostOp, HostOutput, HostTensor};
 use super::super::simd;
 use super::{ROWS_PER_TASK, log_sum_exp};
@@ -75,7 +75,9 @@ pub(crate) enum Head<'a> {
 }
 
 /// The summed loss of `x W^T` against `targets`, and (as `grads` asks:
-/// `[dx, dW]`) its gradients, `chunk_rows` rows at a time.
+/// `[dx, dW]`) its gradients, `chunk_rows` rows at a time; under `--bf16`
+/// with the weight streamed (`gemm_bf16::skinny`) when `kernel_rows`
+/// (the batch's labelled rows) are few and fit one chunk.
 ///
 /// # Panics
 /// When a slice is shorter than its shape, or a target is `>= vocab`
@@ -85,7 +87,7 @@ pub(crate) fn head_loss(
     head: Head<'_>,
     targets: &[usize],
     [hidden, vocab]: [usize; 2],
-    chunk_rows: usize,
+    (chunk_rows, kernel_rows): (usize, usize),
     grads: [bool; 2],
 ) -> HeadLoss {
     let rows = targets.len();
@@ -103,6 +105,16 @@ pub(crate) fn head_loss(
             grads: out,
             dw_len,
         };
+    }
+    // By the batch's labelled rows, not this call's: an example checked
+    // alone must run its batch's kernel, or bf16's rounding of every
+    // layer's `dy` turns the kernels' different sum orders into gradients
+    // 1.6e-2 apart (`padfree check --bf16`).
+    if let Head::Bf16(w) = head
+        && rows <= chunk_rows
+        && skinny::fits(kernel_rows.max(1), w)
+    {
+        return head_loss_skinny(x, w, targets, [hidden, vocab], [dw_len, dx_len], grads);
     }
     let (dw, dx) = out.split_at_mut(dw_len);
     let rounds = matches!(head, Head::Bf16(_));
@@ -198,6 +210,49 @@ pub(crate) fn head_loss(
     }
 }
 
+/// [`head_loss`] under `--bf16` for a few labelled rows, in one chunk:
+/// the products stream the head instead of packing it
+/// (`gemm_bf16::skinny`), and `dW` is written once into a buffer that is
+/// never zeroed, `dx` appended behind it.
+fn head_loss_skinny(
+    x: &[f32],
+    w: View16<'_>,
+    targets: &[usize],
+    [hidden, vocab]: [usize; 2],
+    [dw_len, dx_len]: [usize; 2],
+    grads: [bool; 2],
+) -> HeadLoss {
+    let x = rounded_copy(x);
+    let mut z = skinny::x_wt(&x, w);
+    let softmax = grads[0] || grads[1];
+    let mut losses = vec![0.0f64; targets.len()];
+    z.par_chunks_mut(vocab)
+        .zip(losses.par_iter_mut())
+        .zip(targets.par_iter())
+        .for_each(|((row, loss), &target)| {
+            *loss = softmax_row(row, target, true, softmax);
+        });
+    // In row order, so the sum does not depend on the threads.
+    let loss = losses.iter().sum::<f64>();
+    if softmax {
+        // `dz` as both products read it.
+        round_in_place(&mut z);
+    }
+    let mut out = if grads[1] {
+        skinny::dzt_x(&z, &x, [vocab, hidden], dw_len + dx_len)
+    } else {
+        Vec::with_capacity(dx_len)
+    };
+    if grads[0] {
+        out.extend_from_slice(&skinny::dz_w(&z, w));
+    }
+    HeadLoss {
+        loss,
+        grads: out,
+        dw_len,
+    }
+}
+
 /// The head's weight as [`head_loss`]'s chunks read it: f32, or under
 /// `--bf16` prepared once as `W^T` (for the logits) and, when `dx` is
 /// asked, as `W` (for `dz W`).
@@ -250,6 +305,8 @@ pub(super) struct HeadCrossEntropy {
     /// once per optimizer step, or the f32 head rounded).
     pub head16: Option<Weight16>,
     pub chunk_rows: usize,
+    /// The labelled rows the kernel is chosen by ([`head_loss`]).
+    pub kernel_rows: usize,
     /// Which gradients to make, `[x, head]`: those the graph tracks, as
     /// `host_op` tells the op before its forward pass.
     pub grads: [bool; 2],
@@ -274,7 +331,7 @@ impl HostOp<2> for HeadCrossEntropy {
             head,
             &self.targets,
             [hidden, vocab],
-            self.chunk_rows,
+            (self.chunk_rows, self.kernel_rows),
             self.grads,
         );
         HostOutput {
@@ -366,6 +423,7 @@ mod tests {
                 bf16.then_some(Weight16::Master),
                 &targets,
                 chunk_rows,
+                k,
             )
             .expect("the op runs on the CPU"),
             None => {
@@ -420,6 +478,81 @@ mod tests {
         }
     }
 
+    /// Under `--bf16`, a few rows in one chunk take the streamed products
+    /// (`gemm_bf16::skinny`), the same rows in two chunks the packed ones:
+    /// the same loss and gradients within f32 sums in another order
+    /// (1e-5), for the weight as a bf16 copy and as f32 rounded as read,
+    /// and for every choice of gradients (`[dW | dx]` laid out alike).
+    #[test]
+    fn few_rows_streamed_match_the_chunked_products() {
+        let (k, c, v) = (20, 72, 1100);
+        let (x, w) = (random(k * c, 21), random(v * c, 22));
+        let copy = round_slice(&w);
+        let targets: Vec<usize> = (0..k).map(|i| (i * 53 + 1) % v).collect();
+        for (name, head) in [
+            ("copy", View16::bf16(&copy, v, c)),
+            ("master", View16::f32(&w, v, c)),
+        ] {
+            assert!(
+                skinny::fits(k, head),
+                "the case takes the streamed products"
+            );
+            for grads in [[true, true], [true, false], [false, true], [false, false]] {
+                let case = format!("{name}, gradients {grads:?}");
+                let streamed = head_loss(&x, Head::Bf16(head), &targets, [c, v], (k, k), grads);
+                let chunked = head_loss(&x, Head::Bf16(head), &targets, [c, v], (k - 1, k), grads);
+                assert!(
+                    (streamed.loss - chunked.loss).abs() <= 1e-5 * chunked.loss.abs(),
+                    "{case}: loss {} vs {}",
+                    streamed.loss,
+                    chunked.loss
+                );
+                assert_eq!(streamed.dw_len, chunked.dw_len, "{case}: dW's length");
+                assert_eq!(streamed.grads.len(), chunked.grads.len(), "{case}: length");
+                for (made, what, ours, theirs) in [
+                    (grads[0], "dx", streamed.dx(), chunked.dx()),
+                    (grads[1], "dW", streamed.dw(), chunked.dw()),
+                ] {
+                    if made {
+                        assert_within(&format!("{case}: {what}"), ours, theirs, 1e-5);
+                    } else {
+                        assert!(ours.is_empty(), "{case}: {what} not asked, none made");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The kernel follows the batch's labelled rows, not the call's: the
+    /// same few rows give the packed path's bits whenever the batch has
+    /// more rows than the streamed products take (an example checked
+    /// alone), and the streamed path's (other bits) when it has few.
+    #[test]
+    fn the_kernel_is_chosen_by_the_batchs_rows() {
+        let (k, c, v) = (6, 72, 900);
+        let (x, w) = (random(k * c, 31), random(v * c, 32));
+        let targets: Vec<usize> = (0..k).map(|i| (i * 37 + 5) % v).collect();
+        let head = Head::Bf16(View16::f32(&w, v, c));
+        let run = |batch_rows| head_loss(&x, head, &targets, [c, v], (k, batch_rows), [true, true]);
+        let bits = |h: &HeadLoss| {
+            let mut b: Vec<u32> = h.grads.iter().map(|g| g.to_bits()).collect();
+            b.push(h.loss.to_bits() as u32);
+            b
+        };
+        let packed = bits(&run(skinny::ROWS + 1));
+        assert_eq!(
+            packed,
+            bits(&run(skinny::ROWS + 40)),
+            "packed for any large batch"
+        );
+        assert_eq!(
+            bits(&run(k)),
+            bits(&run(skinny::ROWS)),
+            "streamed for any small batch"
+        );
+        assert_ne!(packed, bits(&run(k)), "the two kernels are told apart");
+    }
+
     /// The host kernel against the textbook loss and gradients in f64, one
     /// row at a time: `dW[v] = sum_k (p_kv - [t_k = v]) x_k`.
     #[test]
@@ -427,7 +560,7 @@ mod tests {
         let (k, c, v) = (9, 6, 13);
         let (x, w) = (random(k * c, 3), random(v * c, 4));
         let targets: Vec<usize> = (0..k).map(|i| (i * 5) % v).collect();
-        let ours = head_loss(&x, Head::F32(&w), &targets, [c, v], 4, [true, true]);
+        let ours = head_loss(&x, Head::F32(&w), &targets, [c, v], (4, k), [true, true]);
         let (mut loss, mut dx, mut dw) = (0.0f64, vec![0.0f64; k * c], vec![0.0f64; v * c]);
         for (row, &t) in targets.iter().enumerate() {
             let xr = &x[row * c..(row + 1) * c];
@@ -459,7 +592,7 @@ mod tests {
         assert_within("dx", ours.dx(), &narrow(dx), 1e-5);
         assert_within("dW", ours.dw(), &narrow(dw), 1e-5);
         // Without gradients: the same loss, nothing else made.
-        let bare = head_loss(&x, Head::F32(&w), &targets, [c, v], 4, [false, false]);
+        let bare = head_loss(&x, Head::F32(&w), &targets, [c, v], (4, k), [false, false]);
         assert_eq!(bare.loss, ours.loss);
         assert!(bare.dx().is_empty() && bare.dw().is_empty());
     }

@@ -89,7 +89,7 @@ pub fn head_cross_entropy_sum(
         ));
     }
     if is_cpu(&device) {
-        return host_head_cross_entropy_sum(x, head, None, targets, chunk_rows);
+        return host_head_cross_entropy_sum(x, head, None, targets, chunk_rows, targets.len());
     }
     cross_entropy_sum(x.matmul(head.transpose()), targets)
 }
@@ -103,6 +103,9 @@ pub fn head_cross_entropy_sum(
 /// `bf16_linear`'s do. Gradients are
 /// made for the inputs that track one (none for a frozen head).
 ///
+/// `kernel_rows`: the labelled row count the kernel is chosen by (the
+/// batch's: an example computed alone runs its batch's kernel).
+///
 /// # Panics
 /// When `head16` does not hold `V * C` values (a bug in the caller).
 pub fn host_head_cross_entropy_sum(
@@ -111,6 +114,7 @@ pub fn host_head_cross_entropy_sum(
     head16: Option<Weight16>,
     targets: &[usize],
     chunk_rows: usize,
+    kernel_rows: usize,
 ) -> Result<Tensor<1>, UnsupportedTensor> {
     let [vocab, hidden] = head.dims();
     if let Some(w16) = &head16 {
@@ -135,6 +139,7 @@ pub fn host_head_cross_entropy_sum(
         targets: Arc::new(targets.to_vec()),
         head16,
         chunk_rows,
+        kernel_rows,
         // Set from the graph by `apply` (`HostOp::tracking`).
         grads: [false; 2],
     };

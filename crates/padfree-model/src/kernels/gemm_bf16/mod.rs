@@ -36,7 +36,10 @@
 //! types they hold), `widened.rs` (the portable body), `packed.rs` (the
 //! `vdpbf16ps` body, packing and micro-kernel), `amx.rs` (the tile body);
 //! the last two allow `unsafe` for this kernel, and every call checks the
-//! bounds of what it reads and writes first.
+//! bounds of what it reads and writes first. `skinny.rs` has the LM
+//! head's three products for a few labelled rows, on every CPU: the
+//! weight streamed row by row instead of packed (the same rounded values,
+//! f32 sums in a fixed order; the widened body is its oracle).
 //!
 //! # Shapes
 //! `[M, K] x [K, N] -> [M, N]`.
@@ -45,6 +48,7 @@
 mod amx;
 mod operand;
 mod packed;
+pub(crate) mod skinny;
 mod widened;
 
 use std::sync::{Arc, OnceLock};
