@@ -128,7 +128,9 @@ impl LabelRows {
         self.rows.is_empty()
     }
 
-    /// The labels in runs of at most `rows` (at least 1), in order.
+    /// The labels in runs of at most `rows` (at least 1), in order, each
+    /// choosing its head kernel by the whole batch's rows (gradient
+    /// checkpointing's head passes run what the plain pass runs).
     pub(crate) fn chunks(&self, rows: usize) -> Vec<LabelRows> {
         let rows = rows.max(1);
         self.rows
@@ -137,7 +139,7 @@ impl LabelRows {
             .map(|(r, t)| LabelRows {
                 rows: r.to_vec(),
                 targets: t.to_vec(),
-                batch_rows: None,
+                batch_rows: Some(self.kernel_rows()),
             })
             .collect()
     }
@@ -207,4 +209,37 @@ pub(crate) fn host_head_cross_entropy_sum(
         sum,
         num_tokens: labels.len(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The head's kernel is chosen by the batch's labelled rows: a batch's
+    /// own count, an example's lent count, and every chunk of either
+    /// (gradient checkpointing's head passes) the count of what it came
+    /// from.
+    #[test]
+    fn chunks_and_lone_examples_choose_by_the_batchs_rows() {
+        let targets: Vec<i64> = (0..50)
+            .map(|i| if i % 5 == 0 { IGNORE_INDEX } else { i })
+            .collect();
+        let labels = LabelRows::new(&targets, 50, 100).expect("valid labels");
+        assert_eq!(labels.len(), 40);
+        assert_eq!(labels.kernel_rows(), 40);
+        for chunk in labels.chunks(7) {
+            assert!(chunk.len() <= 7);
+            assert_eq!(chunk.kernel_rows(), 40, "a chunk chooses as its batch");
+        }
+        let alone = LabelRows::new(&targets[..10], 10, 100)
+            .expect("valid labels")
+            .in_batch_of(Some(40));
+        assert_eq!(alone.len(), 8);
+        assert_eq!(
+            alone.kernel_rows(),
+            40,
+            "an example alone chooses as its batch"
+        );
+        assert!(alone.chunks(3).iter().all(|c| c.kernel_rows() == 40));
+    }
 }

@@ -536,7 +536,8 @@ mod tests {
         let run = |batch_rows| head_loss(&x, head, &targets, [c, v], (k, batch_rows), [true, true]);
         let bits = |h: &HeadLoss| {
             let mut b: Vec<u32> = h.grads.iter().map(|g| g.to_bits()).collect();
-            b.push(h.loss.to_bits() as u32);
+            let loss = h.loss.to_bits();
+            b.extend([(loss >> 32) as u32, loss as u32]);
             b
         };
         let packed = bits(&run(skinny::ROWS + 1));

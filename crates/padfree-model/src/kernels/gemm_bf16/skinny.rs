@@ -42,7 +42,8 @@ use crate::kernels::simd::dispatch;
 /// packed body's tiles pay for its packs.
 pub(crate) const ROWS: usize = 32;
 
-/// Weight rows a task widens at a time for `x W^T` and `dz^T x`.
+/// Weight rows a task takes (and widens, in the two products that read
+/// the weight): rows of `x W^T` and of `dz^T x`, sub-blocks of `dz W`.
 const ROWS_PER_TASK: usize = 64;
 
 /// Weight rows whose `dz W` terms one partial sum holds; the partials are
@@ -276,9 +277,9 @@ pub(crate) fn dz_w(dz: &[f32], weight: View16<'_>) -> Vec<f32> {
     dx
 }
 
-/// `dz^T x`: `[V, C]` row-major, in `buffer`'s room (its values dropped)
-/// with at least `capacity` values of room, so that a caller can append
-/// to it without a copy.
+/// `dz^T x`: `[V, C]` row-major, in a fresh vector with room for at
+/// least `capacity` values, so that a caller can append to it without a
+/// copy.
 ///
 /// # Panics
 /// When `dz` is not `[K, V]` and `x` `[K, C]` for the same `K` > 0.
