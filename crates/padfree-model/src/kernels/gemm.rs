@@ -82,6 +82,11 @@ impl<'a> View<'a> {
         }
     }
 
+    /// The number of columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
     /// The transpose, without a copy.
     pub fn t(self) -> Self {
         Self {
@@ -135,7 +140,15 @@ pub(crate) fn product(a: View<'_>, b: View<'_>) -> Vec<f32> {
     // pointer (no reference to the uninitialised memory is made) before
     // the length is set; `k > 0`, so gemm computes and stores each one.
     unsafe {
-        run(out.as_mut_ptr(), n, a, b, Write::Set, 1.0);
+        run(
+            out.as_mut_ptr(),
+            n,
+            a,
+            b,
+            Write::Set,
+            1.0,
+            threads_for(a, b),
+        );
         out.set_len(m * n);
     }
     out
@@ -176,7 +189,187 @@ pub(crate) fn product_into(
         Write::Add(factor) => factor,
     };
     // SAFETY: the bounds were checked above; `dst` is initialised.
-    unsafe { run(dst.as_mut_ptr(), row_stride, a, b, write, factor) }
+    unsafe {
+        run(
+            dst.as_mut_ptr(),
+            row_stride,
+            a,
+            b,
+            write,
+            factor,
+            threads_for(a, b),
+        )
+    }
+}
+
+/// One task's columns of a destination split by [`column_blocks`]:
+/// `cols` columns from `col0`, every row.
+pub(crate) struct ColumnBlock {
+    dst: SendPtr,
+    row_stride: usize,
+    rows: usize,
+    col0: usize,
+    cols: usize,
+    write: Write,
+    /// Whether [`Self::product`] ran (a fresh destination is whole only then).
+    written: std::cell::Cell<bool>,
+}
+
+/// A destination pointer handed to rayon's threads: each block writes its
+/// own columns only.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: the blocks of one `column_blocks` call write disjoint columns.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl ColumnBlock {
+    /// The block's first column and its number of columns.
+    pub(crate) fn columns(&self) -> (usize, usize) {
+        (self.col0, self.cols)
+    }
+
+    /// `a b` written into this block on the calling thread, as the
+    /// split's `write` says, or added to it when `accumulate` (a later
+    /// slice of the inner dimension: `Set` adds, `Add` adds its factor).
+    ///
+    /// # Panics
+    /// When the shapes are not the block's (a bug in the caller), or when
+    /// `accumulate` onto a block not yet set.
+    pub(crate) fn product(&self, a: View<'_>, b: View<'_>, accumulate: bool) {
+        assert!(
+            !accumulate || self.written.get() || self.write != Write::Set,
+            "gemm: a column block added to before it was written"
+        );
+        let write = match self.write {
+            Write::Set if accumulate => Write::Add(1.0),
+            other => other,
+        };
+        check(a, b);
+        assert!(
+            a.rows == self.rows && b.cols == self.cols && a.cols > 0,
+            "gemm: [{}, {}] x [{}, {}] into a block of [{}, {}]",
+            a.rows,
+            a.cols,
+            b.rows,
+            b.cols,
+            self.rows,
+            self.cols
+        );
+        let factor = match write {
+            Write::Set => 1.0,
+            Write::Add(factor) => factor,
+        };
+        // SAFETY: `column_blocks` checked that the destination holds the
+        // `[rows, col0 + cols]` values `row_stride` apart; this block's
+        // columns are its own.
+        unsafe {
+            run(
+                self.dst.0.add(self.col0),
+                self.row_stride,
+                a,
+                b,
+                write,
+                factor,
+                gemm::Parallelism::None,
+            );
+        }
+        self.written.set(true);
+    }
+}
+
+/// `dst` (row-major `[M, N]`, `row_stride` values a row) split into
+/// blocks of `block` columns (the last may be narrower), each handed to
+/// `each` on rayon's threads, which writes it through
+/// [`ColumnBlock::product`]. Which columns a block holds depends on the
+/// shapes only, never on the thread count.
+///
+/// # Panics
+/// When `dst` is too short, or `each` leaves a block unset under
+/// `Write::Set` (bugs in the caller).
+pub(crate) fn column_blocks(
+    dst: &mut [f32],
+    row_stride: usize,
+    (m, n): (usize, usize),
+    block: usize,
+    write: Write,
+    each: impl Fn(&ColumnBlock) + Sync,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        n <= row_stride && dst.len() >= (m - 1) * row_stride + n && block > 0,
+        "gemm: destination of {} values for [{m}, {n}] rows of {row_stride}",
+        dst.len()
+    );
+    for_each_block(
+        SendPtr(dst.as_mut_ptr()),
+        (m, n),
+        (row_stride, block),
+        write,
+        &each,
+    );
+}
+
+/// The blocks of a destination checked by the caller, on rayon's threads.
+/// Each block must have been written by `each` when `write` is `Set`
+/// (a fresh destination is whole only then).
+fn for_each_block(
+    dst: SendPtr,
+    (m, n): (usize, usize),
+    (row_stride, block): (usize, usize),
+    write: Write,
+    each: &(impl Fn(&ColumnBlock) + Sync),
+) {
+    use rayon::prelude::*;
+    (0..n.div_ceil(block)).into_par_iter().for_each(|i| {
+        let col0 = i * block;
+        let column_block = ColumnBlock {
+            dst,
+            row_stride,
+            rows: m,
+            col0,
+            cols: block.min(n - col0),
+            write,
+            written: false.into(),
+        };
+        each(&column_block);
+        assert!(
+            write != Write::Set || column_block.written.get(),
+            "gemm: a column block left unwritten"
+        );
+    });
+}
+
+/// A fresh row-major `[M, N]` buffer written by [`column_blocks`] with
+/// `Write::Set` (never zeroed first).
+///
+/// # Panics
+/// When `each` leaves a block unwritten (a bug in the caller).
+pub(crate) fn fresh_column_blocks(
+    (m, n): (usize, usize),
+    block: usize,
+    each: impl Fn(&ColumnBlock) + Sync,
+) -> Vec<f32> {
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
+    if m > 0 && n > 0 {
+        assert!(block > 0, "gemm: column blocks of 0 columns");
+        for_each_block(
+            SendPtr(out.as_mut_ptr()),
+            (m, n),
+            (n, block),
+            Write::Set,
+            &each,
+        );
+    }
+    // SAFETY: the blocks cover the `n` columns of every row, and each
+    // block's product (with `k > 0`, which it asserts) stored every value
+    // of its block through the pointer (checked above; a panic there
+    // leaves the length at 0).
+    unsafe { out.set_len(m * n) };
+    out
 }
 
 fn check(a: View<'_>, b: View<'_>) {
@@ -212,6 +405,17 @@ pub(super) fn check_bounds(
     }
 }
 
+/// Products this large split over rayon's threads inside the gemm.
+fn threads_for(a: View<'_>, b: View<'_>) -> gemm::Parallelism {
+    if a.rows.saturating_mul(b.cols).saturating_mul(a.cols) >= PARALLEL_OPS {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    }
+}
+
+/// `dst` set to `factor * a b` or that added to it, on the given threads.
+///
 /// # Safety
 /// `dst` must be valid for writes of `[M, N]` values `dst_row_stride` apart
 /// (and initialised when `write` adds).
@@ -222,14 +426,10 @@ unsafe fn run(
     b: View<'_>,
     write: Write,
     factor: f32,
+    parallelism: gemm::Parallelism,
 ) {
     check(a, b);
     let (m, n, k) = (a.rows, b.cols, a.cols);
-    let parallelism = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_OPS {
-        gemm::Parallelism::Rayon(0)
-    } else {
-        gemm::Parallelism::None
-    };
     let stride = |s: usize| s as isize;
     // SAFETY: `check` bounded both views; the caller vouches for `dst`.
     // gemm computes `dst = alpha dst + beta a b` (`alpha` read only with
@@ -334,6 +534,85 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A destination split into column blocks, each block's product on its
+    /// thread and its inner dimension in two slices (the second added):
+    /// into a wider destination (the columns beyond untouched) in both
+    /// write modes, and into a fresh buffer; blocks that do not divide the
+    /// columns, and one block wider than them.
+    #[test]
+    fn column_blocks_write_their_columns_in_slices_of_k() {
+        for (m, k, n, block) in [
+            (1, 2, 1, 16),
+            (37, 64, 19, 8),
+            (200, 130, 210, 48),
+            (5, 9, 7, 64),
+        ] {
+            let a = random(m * k, 3);
+            let b = random(k * n, 4);
+            let (va, vb) = (View::row_major(&a, m, k), View::row_major(&b, k, n));
+            let full = naive(va, vb);
+            let half = k / 2;
+            let each = |column_block: &ColumnBlock| {
+                let (col0, cols) = column_block.columns();
+                let b = vb.columns(col0, cols);
+                let (a0, b0) = (View::strided(&a, (m, k), (half, 1)), b);
+                let b0 = View::strided(b0.data, (half, b0.row_stride), (cols, 1));
+                column_block.product(a0, b0, false);
+                let a1 = View::strided(&a[half..], (m, k), (k - half, 1));
+                let b1 = View::strided(&b.data[half * n..], (k - half, n), (cols, 1));
+                column_block.product(a1, b1, true);
+            };
+            let fresh = fresh_column_blocks((m, n), block, each);
+            assert_close(&fresh, &full, "fresh");
+            for (write, scale) in [(Write::Set, 1.0), (Write::Add(-0.5), -0.5)] {
+                let mut dst = vec![0.25f32; m * (n + 3)];
+                column_blocks(&mut dst, n + 3, (m, n), block, write, each);
+                for i in 0..m {
+                    for j in 0..n + 3 {
+                        let got = f64::from(dst[i * (n + 3) + j]);
+                        if j < n {
+                            let base = if write == Write::Set { 0.0 } else { 0.25 };
+                            let want = base + scale * full[i * n + j];
+                            assert!(
+                                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{write:?} [{i},{j}]"
+                            );
+                        } else {
+                            assert_eq!(got, 0.25, "{write:?} [{i},{j}] beyond the columns");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A fresh buffer is whole only when every block wrote itself: one
+    /// left unwritten panics rather than handing out uninitialised values.
+    #[test]
+    #[should_panic(expected = "left unwritten")]
+    fn a_fresh_block_left_unwritten_panics() {
+        let a = random(4 * 3, 5);
+        let b = random(3 * 40, 6);
+        let (va, vb) = (View::row_major(&a, 4, 3), View::row_major(&b, 3, 40));
+        fresh_column_blocks((4, 40), 16, |block| {
+            let (col0, cols) = block.columns();
+            if col0 > 0 {
+                block.product(va, vb.columns(col0, cols), false);
+            }
+        });
+    }
+
+    /// Adding to a fresh block before it was set would read uninitialised
+    /// values: it panics.
+    #[test]
+    #[should_panic(expected = "added to before it was written")]
+    fn adding_to_a_fresh_block_before_setting_it_panics() {
+        let a = random(4 * 3, 7);
+        let b = random(3 * 8, 8);
+        let (va, vb) = (View::row_major(&a, 4, 3), View::row_major(&b, 3, 8));
+        fresh_column_blocks((4, 8), 16, |block| block.product(va, vb, true));
     }
 
     #[test]

@@ -5,8 +5,12 @@
 //! on an Intel Xeon the zeroing (`memset`) of the widened blocks and of the
 //! outputs took as many samples as the widening itself (528 and 665 of
 //! 13,641). An operand already holding bf16 values in f32
-//! ([`View16::rounded`]) is read where it lies, not copied. The one
-//! `unsafe` here sets a buffer's length after every value was written.
+//! ([`View16::rounded`]) is read where it lies, not copied. A few rows
+//! times a weight read transposed (every layer's `x W^T` on short
+//! batches) widen the weight a block at a time into a buffer that stays
+//! in the core's cache ([`CACHED_ROWS`]), so that its values cross memory
+//! once, as in the f32 product. The one `unsafe` here sets a buffer's
+//! length after every value was written.
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
@@ -22,6 +26,117 @@ const WIDENED_B_VALUES: usize = 1 << 22;
 /// inner dimension (the head's `dy W`) still leaves wide column blocks.
 const WIDENED_K: usize = 4096;
 
+/// Products of at most this many rows whose B lies column-major (a
+/// weight read transposed: every layer's `x W^T`) take the in-cache path.
+/// There the weight's traffic is a large part of the product's: widened
+/// whole into a buffer in memory, each value was read, written and read
+/// again from memory; widened a block at a time into a buffer that stays
+/// in the core's cache, it is read from memory once, as the f32 product
+/// reads it. On a 2-core Xeon (AVX-512, SmolLM2-135M's seven products of
+/// 30 layers) at 248 rows: 177 ms against 230 ms widened whole (f32 210
+/// ms); at 512 rows 320 against 356 (f32 337-348); at 1,024 rows no
+/// better (617 against 620), each task repacking A for its block. B lying
+/// row-major (`dy W`) gained 4% at 248 rows and lost at 512: left whole.
+const CACHED_ROWS: usize = 512;
+/// ... in column blocks of about this many values (256 KiB: a block and
+/// A's rows stay in a core's L2 cache); 32K and 128K ran slower.
+const CACHED_B_VALUES: usize = 1 << 16;
+
+/// Whether `a b` takes the in-cache path (by shapes and layout only, so
+/// that a product's sums run in one order whatever its values).
+fn in_cache_path(a: View16<'_>, b: View16<'_>) -> bool {
+    a.rows <= CACHED_ROWS && a.cols > 0 && b.row_stride == 1 && b.col_stride != 1
+}
+
+/// The in-cache path: A widened whole (read where it lies when it holds
+/// bf16 values), then B's columns in blocks on rayon's threads, each
+/// block's K rows widened a slice at a time into its thread's buffer and
+/// multiplied on that thread into its block of `dst`. A block's columns
+/// depend on the shapes only, so the sums do not depend on the threads.
+fn widened_in_cache(
+    dst: &mut [f32],
+    row_stride: usize,
+    a: View16<'_>,
+    b: View16<'_>,
+    write: Write,
+) {
+    let (m, n, k) = (a.rows, b.cols, a.cols);
+    let a_block = widen_block(a, (0, m), (0, k));
+    let a_view = a_block.view();
+    let (cols, kc) = cached_blocks(n, k);
+    gemm::column_blocks(dst, row_stride, (m, n), cols, write, |block| {
+        in_cache(block, a_view, b, kc);
+    });
+}
+
+/// The in-cache path into a fresh row-major `[M, N]` buffer (never zeroed).
+fn widened_in_cache_new(a: View16<'_>, b: View16<'_>) -> Vec<f32> {
+    let (m, n, k) = (a.rows, b.cols, a.cols);
+    let a_block = widen_block(a, (0, m), (0, k));
+    let a_view = a_block.view();
+    let (cols, kc) = cached_blocks(n, k);
+    gemm::fresh_column_blocks((m, n), cols, |block| in_cache(block, a_view, b, kc))
+}
+
+/// The in-cache path's blocks: B's columns a task (a multiple of 16), and
+/// its K rows a slice.
+fn cached_blocks(n: usize, k: usize) -> (usize, usize) {
+    let kc = k.clamp(1, WIDENED_K);
+    let cols = (CACHED_B_VALUES / kc)
+        .next_multiple_of(16)
+        .clamp(16, n.next_multiple_of(16).max(16));
+    (cols, kc)
+}
+
+/// The buffer of B's widened blocks outside the in-cache path (up to
+/// [`WIDENED_B_VALUES`] values), kept between products: a fresh one came
+/// from pages the kernel zeroed again in each product (in a `--bf16`
+/// profile of SmolLM2-135M's short steps on the widened body, `clear_page`
+/// took 1,036 samples against f32's 95).
+static WIDE_BLOCK: Spare = Spare(std::sync::Mutex::new(Vec::new()));
+
+/// A buffer lent to one product at a time; a product that finds it lent
+/// (products on several threads at once) makes its own.
+struct Spare(std::sync::Mutex<Vec<f32>>);
+
+impl Spare {
+    fn take(&self) -> Vec<f32> {
+        self.0
+            .try_lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+
+    /// Keeps the larger of the two buffers.
+    fn put(&self, buffer: Vec<f32>) {
+        if let Ok(mut v) = self.0.try_lock()
+            && buffer.capacity() > v.capacity()
+        {
+            *v = buffer;
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's buffer for its widened column blocks, reused.
+    static CACHED_BLOCK: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// One column block of the in-cache path: B's block widened `kc` rows at
+/// a time into this thread's buffer, each slice multiplied on this thread.
+fn in_cache(block: &gemm::ColumnBlock, a: View<'_>, b: View16<'_>, kc: usize) {
+    let (col0, cols) = block.columns();
+    let k = a.cols();
+    let mut buffer = CACHED_BLOCK.take();
+    for k0 in (0..k).step_by(kc) {
+        let rows = kc.min(k - k0);
+        let b_block = widen_block_into(b, (k0, rows), (col0, cols), buffer, false);
+        block.product(a.columns(k0, rows), b_block.view(), k0 > 0);
+        buffer = b_block.into_buffer();
+    }
+    CACHED_BLOCK.set(buffer);
+}
+
 /// Column blocks of B: at most [`WIDENED_B_VALUES`] values in a `kb`-row block.
 fn column_block(kb: usize, n: usize) -> usize {
     (WIDENED_B_VALUES / kb).clamp(64, n.max(64))
@@ -33,6 +148,9 @@ fn column_block(kb: usize, n: usize) -> usize {
 pub(super) fn widened_new(a: View16<'_>, b: View16<'_>) -> Vec<f32> {
     let (m, n, k) = (a.rows, b.cols, a.cols);
     let kb = k.min(WIDENED_K);
+    if in_cache_path(a, b) {
+        return widened_in_cache_new(a, b);
+    }
     if k == 0 || column_block(kb, n) < n {
         let mut out = vec![0.0; m * n];
         widened(&mut out, n, a, b, Write::Set);
@@ -43,20 +161,23 @@ pub(super) fn widened_new(a: View16<'_>, b: View16<'_>) -> Vec<f32> {
         let kc = kb.min(k - k0);
         (
             widen_block(a, (0, m), (k0, kc)),
-            widen_block(b, (k0, kc), (0, n)),
+            widen_block_into(b, (k0, kc), (0, n), WIDE_BLOCK.take(), true),
         )
     };
     let (a0, b0) = blocks(0);
     let mut out = gemm::product(a0.view(), b0.view());
+    WIDE_BLOCK.put(b0.into_buffer());
     for k0 in (kb..k).step_by(kb) {
         let (a_block, b_block) = blocks(k0);
         gemm::product_into(&mut out, n, a_block.view(), b_block.view(), Write::Add(1.0));
+        WIDE_BLOCK.put(b_block.into_buffer());
     }
     out
 }
 
 /// The portable body: blocks of K and of B's columns widened (A's K block
-/// once for all column blocks), each product by the f32 gemm.
+/// once for all column blocks), each product by the f32 gemm; the
+/// in-cache path for few rows of A and a column-major B.
 pub(super) fn widened(
     dst: &mut [f32],
     row_stride: usize,
@@ -64,6 +185,17 @@ pub(super) fn widened(
     b: View16<'_>,
     write: Write,
 ) {
+    if in_cache_path(a, b) {
+        widened_in_cache(dst, row_stride, a, b, write);
+    } else {
+        widened_whole(dst, row_stride, a, b, write);
+    }
+}
+
+/// The path for many rows of A or a row-major B: B widened in large
+/// blocks (the whole weight of a layer), each product by the f32 gemm on
+/// all threads.
+fn widened_whole(dst: &mut [f32], row_stride: usize, a: View16<'_>, b: View16<'_>, write: Write) {
     let (m, n, k) = (a.rows, b.cols, a.cols);
     let kb = k.min(WIDENED_K);
     let nb = column_block(kb, n);
@@ -77,9 +209,10 @@ pub(super) fn widened(
         let a_view = a_block.view();
         for j0 in (0..n).step_by(nb) {
             let cols = nb.min(n - j0);
-            let b_block = widen_block(b, (k0, kc), (j0, cols));
+            let b_block = widen_block_into(b, (k0, kc), (j0, cols), WIDE_BLOCK.take(), true);
             let b_view = b_block.view();
             gemm::product_into(&mut dst[j0..], row_stride, a_view, b_view, write);
+            WIDE_BLOCK.put(b_block.into_buffer());
         }
     }
 }
@@ -98,6 +231,14 @@ enum Block<'a> {
 }
 
 impl Block<'_> {
+    /// The buffer a widened block holds, for the next block.
+    fn into_buffer(self) -> Vec<f32> {
+        match self {
+            Self::Widened { values, .. } => values,
+            Self::Borrowed(_) => Vec::new(),
+        }
+    }
+
     fn view(&self) -> View<'_> {
         match self {
             Self::Widened {
@@ -121,6 +262,18 @@ fn widen_block<'a>(
     (row0, rows): (usize, usize),
     (col0, cols): (usize, usize),
 ) -> Block<'a> {
+    widen_block_into(view, (row0, rows), (col0, cols), Vec::new(), true)
+}
+
+/// [`widen_block`] into `buffer`'s room (its values dropped), on rayon's
+/// threads when `parallel` and the block is large.
+fn widen_block_into<'a>(
+    view: View16<'a>,
+    (row0, rows): (usize, usize),
+    (col0, cols): (usize, usize),
+    mut values: Vec<f32>,
+    parallel: bool,
+) -> Block<'a> {
     if let Values::Rounded(v) = view.values {
         let from = row0 * view.row_stride + col0 * view.col_stride;
         return Block::Borrowed(View::strided(
@@ -131,7 +284,6 @@ fn widen_block<'a>(
     }
     let row_major = view.col_stride == 1 || view.row_stride != 1;
     let len = rows * cols;
-    let mut values = Vec::with_capacity(len);
     // Each output line is one line of the view: contiguous on the layouts
     // the kernels use, strided otherwise.
     let (line_len, line_stride, step) = if row_major {
@@ -155,21 +307,29 @@ fn widen_block<'a>(
             (cols, view.col_stride),
         ));
     }
+    values.clear();
+    values.reserve(len);
     let spare = &mut values.spare_capacity_mut()[..len];
     with_values!(view.values, v => {
         let body = |(line, out): (usize, &mut [std::mem::MaybeUninit<f32>])| {
             let from = first(line);
             if step == 1 {
-                for (o, &x) in out.iter_mut().zip(&v[from..from + line_len]) {
-                    o.write(x.widened());
-                }
+                let line = &v[from..from + line_len];
+                // Compiled for the CPU's vectors: at the baseline's SSE2
+                // the in-cache path's widening was the bound (a layer's
+                // `x W^T` products 188 -> 177 ms, its `dy W` 221 -> 214).
+                dispatch(|| {
+                    for (o, &x) in out.iter_mut().zip(line) {
+                        o.write(x.widened());
+                    }
+                });
             } else {
                 for (i, o) in out.iter_mut().enumerate() {
                     o.write(v[from + i * step].widened());
                 }
             }
         };
-        if len >= 1 << 16 {
+        if parallel && len >= 1 << 16 {
             spare.par_chunks_mut(line_len.max(1)).enumerate().for_each(body);
         } else {
             spare.chunks_mut(line_len.max(1)).enumerate().for_each(body);
@@ -225,8 +385,90 @@ fn unrounded_bits(x: f32) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::unrounded_bits;
-    use crate::kernels::bf16::rounded;
+    use super::{CACHED_ROWS, in_cache_path, unrounded_bits, widened, widened_new, widened_whole};
+    use crate::kernels::bf16::{round_slice, rounded};
+    use crate::kernels::gemm::Write;
+    use crate::kernels::gemm_bf16::View16;
+    use crate::kernels::test_util::{assert_within, random};
+
+    /// The in-cache path is taken by shape and layout only: few rows of A
+    /// and a column-major B (`x W^T`), never `dy W`'s row-major B or more
+    /// rows, whatever the values.
+    #[test]
+    fn the_in_cache_path_is_chosen_by_rows_and_layout() {
+        let w = round_slice(&random(8 * 6, 1));
+        let x = random((CACHED_ROWS + 1) * 8, 2);
+        let b = View16::bf16(&w, 6, 8).t();
+        let a = |rows| View16::f32(&x[..rows * 8], rows, 8);
+        assert!(in_cache_path(a(1), b));
+        assert!(in_cache_path(a(CACHED_ROWS), b));
+        assert!(!in_cache_path(a(CACHED_ROWS + 1), b));
+        let dy = random(5 * 6, 3);
+        assert!(!in_cache_path(
+            View16::f32(&dy, 5, 6),
+            View16::bf16(&w, 6, 8)
+        ));
+        // Values already bf16 (read in place) take the same path.
+        let xr: Vec<f32> = x[..6 * 8].iter().map(|&v| rounded(v)).collect();
+        assert!(in_cache_path(View16::rounded(&xr, 6, 8), b));
+        assert!(in_cache_path(a(6), View16::bf16(&w, 6, 8).t()));
+    }
+
+    /// The in-cache path against the whole-weight path it replaces for
+    /// `x W^T` at few rows: the same bf16 values, f32 products by the
+    /// same gemm in other blocks, so within 2e-6 of the largest value.
+    /// Column blocks that do not divide B's columns, several K slices
+    /// (K > 4096), one row, the most rows it takes; every write mode into
+    /// a wider destination (the columns beyond untouched), and into a
+    /// fresh buffer, which is the product set into a buffer bit for bit.
+    /// Its blocks depend on the shapes only: one thread or three give the
+    /// same bits.
+    #[test]
+    fn the_in_cache_path_matches_the_whole_path_whatever_the_threads() {
+        for (m, k, n) in [
+            (1, 3, 1),
+            (1, 700, 300),
+            (CACHED_ROWS, 576, 200),
+            (7, 4100, 130),
+            (33, 1536, 49),
+        ] {
+            let x = random(m * k, 11);
+            let w = random(n * k, 12);
+            let (a, b) = (View16::f32(&x, m, k), View16::f32(&w, n, k).t());
+            assert!(in_cache_path(a, b));
+            let stride = n + 3;
+            for write in [Write::Set, Write::Add(-0.5)] {
+                let run = |cached: bool| {
+                    let mut dst = vec![0.25f32; m * stride];
+                    if cached {
+                        widened(&mut dst, stride, a, b, write);
+                    } else {
+                        widened_whole(&mut dst, stride, a, b, write);
+                    }
+                    dst
+                };
+                let (cached, whole) = (run(true), run(false));
+                assert_within(&format!("[{m},{k},{n}] {write:?}"), &cached, &whole, 2e-6);
+                for i in 0..m {
+                    assert_eq!(&cached[i * stride + n..(i + 1) * stride], &[0.25; 3]);
+                }
+                for threads in [1, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .expect("a pool");
+                    assert_eq!(
+                        pool.install(|| run(true)),
+                        cached,
+                        "[{m},{k},{n}] {threads} threads"
+                    );
+                }
+            }
+            let mut set = vec![f32::NAN; m * n];
+            widened(&mut set, n, a, b, Write::Set);
+            assert_eq!(widened_new(a, b), set, "fresh [{m},{k},{n}]");
+        }
+    }
 
     /// The in-place test agrees with rounding itself on every kind of
     /// value: zeros, infinities, subnormals, quiet and signalling NaNs
