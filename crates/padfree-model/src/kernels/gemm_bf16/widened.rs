@@ -89,10 +89,10 @@ fn cached_blocks(n: usize, k: usize) -> (usize, usize) {
 }
 
 /// The buffer of B's widened blocks outside the in-cache path (up to
-/// [`WIDENED_B_VALUES`] values), kept between products: a fresh one came
-/// from pages the kernel zeroed again in each product (in a `--bf16`
-/// profile of SmolLM2-135M's short steps on the widened body, `clear_page`
-/// took 1,036 samples against f32's 95).
+/// [`WIDENED_B_VALUES`] values, 16 MB), kept between products rather than
+/// allocated for each. (A profile had shown page clearing beside the
+/// widening; with the buffer kept it stayed, and a step page-faulted
+/// about 114 times: the buffer's own effect was not measurable.)
 static WIDE_BLOCK: Spare = Spare(std::sync::Mutex::new(Vec::new()));
 
 /// A buffer lent to one product at a time; a product that finds it lent
