@@ -125,6 +125,16 @@ pub(crate) enum Write {
     Add(f32),
 }
 
+impl Write {
+    /// The factor of the product: 1 for `Set`.
+    fn factor(self) -> f32 {
+        match self {
+            Self::Set => 1.0,
+            Self::Add(factor) => factor,
+        }
+    }
+}
+
 /// `a b` in a fresh row-major `[M, N]` buffer, written once (never zeroed first).
 ///
 /// # Panics
@@ -184,10 +194,7 @@ pub(crate) fn product_into(
         }
         return;
     }
-    let factor = match write {
-        Write::Set => 1.0,
-        Write::Add(factor) => factor,
-    };
+    let factor = write.factor();
     // SAFETY: the bounds were checked above; `dst` is initialised.
     unsafe {
         run(
@@ -257,10 +264,7 @@ impl ColumnBlock {
             self.rows,
             self.cols
         );
-        let factor = match write {
-            Write::Set => 1.0,
-            Write::Add(factor) => factor,
-        };
+        let factor = write.factor();
         // SAFETY: `column_blocks` checked that the destination holds the
         // `[rows, col0 + cols]` values `row_stride` apart; this block's
         // columns are its own.

@@ -88,35 +88,6 @@ fn cached_blocks(n: usize, k: usize) -> (usize, usize) {
     (cols, kc)
 }
 
-/// The buffer of B's widened blocks outside the in-cache path (up to
-/// [`WIDENED_B_VALUES`] values, 16 MB), kept between products rather than
-/// allocated for each. (A profile had shown page clearing beside the
-/// widening; with the buffer kept it stayed, and a step page-faulted
-/// about 114 times: the buffer's own effect was not measurable.)
-static WIDE_BLOCK: Spare = Spare(std::sync::Mutex::new(Vec::new()));
-
-/// A buffer lent to one product at a time; a product that finds it lent
-/// (products on several threads at once) makes its own.
-struct Spare(std::sync::Mutex<Vec<f32>>);
-
-impl Spare {
-    fn take(&self) -> Vec<f32> {
-        self.0
-            .try_lock()
-            .map(|mut v| std::mem::take(&mut *v))
-            .unwrap_or_default()
-    }
-
-    /// Keeps the larger of the two buffers.
-    fn put(&self, buffer: Vec<f32>) {
-        if let Ok(mut v) = self.0.try_lock()
-            && buffer.capacity() > v.capacity()
-        {
-            *v = buffer;
-        }
-    }
-}
-
 thread_local! {
     /// Each thread's buffer for its widened column blocks, reused.
     static CACHED_BLOCK: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
@@ -161,16 +132,14 @@ pub(super) fn widened_new(a: View16<'_>, b: View16<'_>) -> Vec<f32> {
         let kc = kb.min(k - k0);
         (
             widen_block(a, (0, m), (k0, kc)),
-            widen_block_into(b, (k0, kc), (0, n), WIDE_BLOCK.take(), true),
+            widen_block(b, (k0, kc), (0, n)),
         )
     };
     let (a0, b0) = blocks(0);
     let mut out = gemm::product(a0.view(), b0.view());
-    WIDE_BLOCK.put(b0.into_buffer());
     for k0 in (kb..k).step_by(kb) {
         let (a_block, b_block) = blocks(k0);
         gemm::product_into(&mut out, n, a_block.view(), b_block.view(), Write::Add(1.0));
-        WIDE_BLOCK.put(b_block.into_buffer());
     }
     out
 }
@@ -209,10 +178,9 @@ fn widened_whole(dst: &mut [f32], row_stride: usize, a: View16<'_>, b: View16<'_
         let a_view = a_block.view();
         for j0 in (0..n).step_by(nb) {
             let cols = nb.min(n - j0);
-            let b_block = widen_block_into(b, (k0, kc), (j0, cols), WIDE_BLOCK.take(), true);
+            let b_block = widen_block(b, (k0, kc), (j0, cols));
             let b_view = b_block.view();
             gemm::product_into(&mut dst[j0..], row_stride, a_view, b_view, write);
-            WIDE_BLOCK.put(b_block.into_buffer());
         }
     }
 }
