@@ -48,6 +48,40 @@ pub(crate) fn widen(x: bf16) -> f32 {
     f32::from_bits(u32::from(x.to_bits()) << 16)
 }
 
+/// Zero exactly when rounding `x` to bf16 leaves it as it is ([`rounded`]:
+/// the low 16 bits clear, and a NaN quiet already).
+#[inline(always)]
+pub(crate) fn unrounded_bits(x: f32) -> u32 {
+    let bits = x.to_bits();
+    let signalling = x.is_nan() && bits & 0x0040_0000 == 0;
+    (bits & 0xFFFF) | u32::from(signalling)
+}
+
+/// Whether every value of `slice` is a bf16 value already. Reads 64
+/// values at a time (a loop that vectorises) and stops at the first 64
+/// holding one that is not: on unrounded data, the first.
+#[inline(always)]
+pub(crate) fn slice_is_rounded(slice: &[f32]) -> bool {
+    slice
+        .chunks(64)
+        .all(|chunk| chunk.iter().fold(0, |acc, &x| acc | unrounded_bits(x)) == 0)
+}
+
+/// Whether every value of `values` is a bf16 value already, so that a
+/// product may read it where it lies; long slices on rayon's threads.
+/// One scan of an activation that several products read (a linear
+/// layer's input, in its forward and its backward pass), where each
+/// product scanned it on one thread.
+pub(crate) fn holds_bf16_values(values: &[f32]) -> bool {
+    if values.len() >= PARALLEL_VALUES {
+        values
+            .par_chunks(PARALLEL_VALUES / 4)
+            .all(|chunk| dispatch(|| slice_is_rounded(chunk)))
+    } else {
+        dispatch(|| slice_is_rounded(values))
+    }
+}
+
 /// Every value of `values` rounded to bf16.
 pub(crate) fn round_slice(values: &[f32]) -> Vec<bf16> {
     let mut out = vec![bf16::ZERO; values.len()];
@@ -257,6 +291,73 @@ mod tests {
             let want: Vec<u32> = some.iter().map(|&v| rounded(v).to_bits()).collect();
             let got: Vec<u32> = loaded.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "length {len}");
+        }
+    }
+
+    /// The in-place test agrees with rounding itself on every kind of
+    /// value: zeros, infinities, subnormals, quiet and signalling NaNs
+    /// with their low bits clear or not, and a spread of ordinary ones.
+    #[test]
+    fn a_value_is_found_rounded_exactly_when_rounding_keeps_it() {
+        let mut bits: Vec<u32> = vec![
+            0,
+            0x8000_0000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x0001_0000,
+            0x0000_0001,
+            0x7FC0_0000,
+            0x7FC0_0001,
+            0x7F81_0000,
+            0x7F80_0001,
+            0xFFA0_0000,
+            0x3F80_0000,
+            0x3F80_8000,
+            0x3F81_8000,
+        ];
+        bits.extend((0..5000u32).map(|i| i.wrapping_mul(2_654_435_761)));
+        bits.extend((0..5000u32).map(|i| i.wrapping_mul(2_654_435_761) & 0xFFFF_0000));
+        for b in bits {
+            let x = f32::from_bits(b);
+            assert_eq!(
+                unrounded_bits(x) == 0,
+                rounded(x).to_bits() == b,
+                "{b:#010x}"
+            );
+        }
+    }
+
+    /// The scan of a whole activation, on rayon's threads when long:
+    /// true for rounded values; false for one unrounded value anywhere,
+    /// the last of a long slice included (a parallel `all` that missed a
+    /// chunk would say true); true for the empty slice.
+    #[test]
+    fn a_slice_holds_bf16_values_only_when_every_value_is_one() {
+        let mut rng = SplitMix64::new(5);
+        for len in [
+            0,
+            1,
+            63,
+            64,
+            65,
+            PARALLEL_VALUES - 1,
+            PARALLEL_VALUES * 3 + 17,
+        ] {
+            let values: Vec<f32> = (0..len)
+                .map(|_| rounded(rng.standard_normal() as f32))
+                .collect();
+            assert!(holds_bf16_values(&values), "{len} rounded values");
+            for at in [0, len / 2, len.saturating_sub(1)] {
+                if len == 0 {
+                    continue;
+                }
+                let mut one_off = values.clone();
+                one_off[at] = f32::from_bits(one_off[at].to_bits() | 1);
+                assert!(
+                    !holds_bf16_values(&one_off),
+                    "{len} values, unrounded at {at}"
+                );
+            }
         }
     }
 }

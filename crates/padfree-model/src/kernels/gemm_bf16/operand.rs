@@ -3,7 +3,7 @@
 
 use half::bf16;
 
-use crate::kernels::bf16::{round, rounded, widen};
+use crate::kernels::bf16::{holds_bf16_values, round, rounded, widen};
 
 /// The values an operand reads.
 #[derive(Debug, Clone, Copy)]
@@ -77,6 +77,28 @@ impl<'a> View16<'a> {
             "bf16 gemm: an operand said to be rounded is not"
         );
         Self::row_major(Values::Rounded(values), rows, cols)
+    }
+
+    /// A row-major f32 matrix, read where it lies when every value is a
+    /// bf16 value already (one scan, on rayon's threads when long), rounded
+    /// as it is read otherwise: for an operand that more than one product
+    /// reads, so that it is scanned once ([`Self::reads_rounded`] says
+    /// what the scan found).
+    pub fn f32_or_rounded(values: &'a [f32], rows: usize, cols: usize) -> Self {
+        let view = Self::f32(values, rows, cols);
+        if holds_bf16_values(&values[..rows * cols]) {
+            Self {
+                values: Values::Rounded(values),
+                ..view
+            }
+        } else {
+            view
+        }
+    }
+
+    /// Whether the view reads values known to be bf16 values already.
+    pub fn reads_rounded(&self) -> bool {
+        matches!(self.values, Values::Rounded(_))
     }
 
     /// `rows` rows of `cols` f32 values rounded to bf16 already,
