@@ -6,10 +6,10 @@
 //! outputs took as many samples as the widening itself (528 and 665 of
 //! 13,641). An operand already holding bf16 values in f32
 //! ([`View16::rounded`]) is read where it lies, not copied. A few rows
-//! times a weight read transposed (every layer's `x W^T` on short
-//! batches) widen the weight a block at a time into a buffer that stays
-//! in the core's cache ([`CACHED_ROWS`]), so that its values cross memory
-//! once, as in the f32 product. The one `unsafe` here sets a buffer's
+//! times a weight (every layer's `x W^T` and `dy W` on short batches)
+//! widen the weight a block at a time into a buffer that stays in the
+//! core's cache ([`CACHED_ROWS`], [`CACHED_ROWS_ROW_MAJOR`]), so that its
+//! values cross memory once, as in the f32 product. The one `unsafe` here sets a buffer's
 //! length after every value was written.
 #![allow(unsafe_code)]
 
@@ -36,12 +36,30 @@ const WIDENED_K: usize = 4096;
 /// reads it. On a 2-core Xeon (AVX-512, SmolLM2-135M's seven products of
 /// 30 layers) at 248 rows: 177 ms against 230 ms widened whole (f32 210
 /// ms); at 512 rows 320 against 356 (f32 337-348); at 1,024 rows no
-/// better (617 against 620), each task repacking A for its block. B lying
-/// row-major (`dy W`) gained 4% at 248 rows and lost at 512: left whole.
+/// better (617 against 620), each task repacking A for its block.
 const CACHED_ROWS: usize = 512;
 /// ... in column blocks of about this many values (256 KiB: a block and
 /// A's rows stay in a core's L2 cache); 32K and 128K ran slower.
 const CACHED_B_VALUES: usize = 1 << 16;
+
+/// Products of at most this many rows whose B lies row-major (`dy W`,
+/// the weight read as it lies) take the in-cache path too, in column
+/// blocks of about [`CACHED_ROW_MAJOR_COLS`] and K slices of
+/// [`CACHED_ROW_MAJOR_VALUES`] values: few, wide blocks, since each task
+/// packs A again for its block. On the 2-core Xeon, SmolLM2-135M's seven
+/// `dy W` products of 30 layers took 0.99-1.07x f32's time at 248-512
+/// rows against 1.10-1.18x widened whole, and 1.01-1.03x against
+/// 0.99-1.09x at 1,024 (at 2,870 rows both 1.00-1.02x: left whole); the
+/// `dy^T x` products that this layout also sends here (at most 1,024
+/// output rows) ran as before (0.94-1.00x against 0.94-1.03x). The blocks
+/// of the `x W^T` path above gained nothing here, and 160 columns or 64K
+/// values lost.
+const CACHED_ROWS_ROW_MAJOR: usize = 1024;
+/// ... in blocks of about this many columns (SmolLM2's 576: two blocks;
+/// 1,536: six) ...
+const CACHED_ROW_MAJOR_COLS: usize = 288;
+/// ... widened this many values at a time (512 KiB: in a 2 MiB L2).
+const CACHED_ROW_MAJOR_VALUES: usize = 1 << 17;
 
 /// Operands of at least this many values are scanned for bf16 values on
 /// rayon's threads.
@@ -50,7 +68,12 @@ const PARALLEL_SCAN: usize = 1 << 16;
 /// Whether `a b` takes the in-cache path (by shapes and layout only, so
 /// that a product's sums run in one order whatever its values).
 fn in_cache_path(a: View16<'_>, b: View16<'_>) -> bool {
-    a.rows <= CACHED_ROWS && a.cols > 0 && b.row_stride == 1 && b.col_stride != 1
+    a.cols > 0
+        && if b.col_stride == 1 {
+            a.rows <= CACHED_ROWS_ROW_MAJOR
+        } else {
+            a.rows <= CACHED_ROWS && b.row_stride == 1
+        }
 }
 
 /// The in-cache path: A widened whole (read where it lies when it holds
@@ -68,7 +91,7 @@ fn widened_in_cache(
     let (m, n, k) = (a.rows, b.cols, a.cols);
     let a_block = widen_block(a, (0, m), (0, k));
     let a_view = a_block.view();
-    let (cols, kc) = cached_blocks(n, k);
+    let (cols, kc) = cached_blocks(n, k, b.col_stride == 1);
     gemm::column_blocks(dst, row_stride, (m, n), cols, write, |block| {
         in_cache(block, a_view, b, kc);
     });
@@ -79,13 +102,20 @@ fn widened_in_cache_new(a: View16<'_>, b: View16<'_>) -> Vec<f32> {
     let (m, n, k) = (a.rows, b.cols, a.cols);
     let a_block = widen_block(a, (0, m), (0, k));
     let a_view = a_block.view();
-    let (cols, kc) = cached_blocks(n, k);
+    let (cols, kc) = cached_blocks(n, k, b.col_stride == 1);
     gemm::fresh_column_blocks((m, n), cols, |block| in_cache(block, a_view, b, kc))
 }
 
 /// The in-cache path's blocks: B's columns a task (a multiple of 16), and
 /// its K rows a slice.
-fn cached_blocks(n: usize, k: usize) -> (usize, usize) {
+fn cached_blocks(n: usize, k: usize, b_row_major: bool) -> (usize, usize) {
+    if b_row_major {
+        let cols = n
+            .div_ceil(n.div_ceil(CACHED_ROW_MAJOR_COLS).max(1))
+            .next_multiple_of(16)
+            .max(16);
+        return (cols, (CACHED_ROW_MAJOR_VALUES / cols).clamp(1, k.max(1)));
+    }
     let kc = k.clamp(1, WIDENED_K);
     let cols = (CACHED_B_VALUES / kc)
         .next_multiple_of(16)
@@ -166,7 +196,7 @@ pub(super) fn widened(
     }
 }
 
-/// The path for many rows of A or a row-major B: B widened in large
+/// The path for many rows of A: B widened in large
 /// blocks (the whole weight of a layer), each product by the f32 gemm on
 /// all threads.
 fn widened_whole(dst: &mut [f32], row_stride: usize, a: View16<'_>, b: View16<'_>, write: Write) {
@@ -355,7 +385,9 @@ fn all_rounded(
 
 #[cfg(test)]
 mod tests {
-    use super::{CACHED_ROWS, in_cache_path, widened, widened_new, widened_whole};
+    use super::{
+        CACHED_ROWS, CACHED_ROWS_ROW_MAJOR, in_cache_path, widened, widened_new, widened_whole,
+    };
     use crate::kernels::bf16::{round_slice, rounded};
     use crate::kernels::gemm::Write;
     use crate::kernels::gemm_bf16::View16;
@@ -373,11 +405,17 @@ mod tests {
         assert!(in_cache_path(a(1), b));
         assert!(in_cache_path(a(CACHED_ROWS), b));
         assert!(!in_cache_path(a(CACHED_ROWS + 1), b));
-        let dy = random(5 * 6, 3);
-        assert!(!in_cache_path(
-            View16::f32(&dy, 5, 6),
-            View16::bf16(&w, 6, 8)
-        ));
+        // `dy W`: B row-major, up to its own row count.
+        let dy = random((CACHED_ROWS_ROW_MAJOR + 1) * 6, 3);
+        let dy_w = |rows| {
+            in_cache_path(
+                View16::f32(&dy[..rows * 6], rows, 6),
+                View16::bf16(&w, 6, 8),
+            )
+        };
+        assert!(dy_w(CACHED_ROWS + 1));
+        assert!(dy_w(CACHED_ROWS_ROW_MAJOR));
+        assert!(!dy_w(CACHED_ROWS_ROW_MAJOR + 1));
         // Values already bf16 (read in place) take the same path.
         let xr: Vec<f32> = x[..6 * 8].iter().map(|&v| rounded(v)).collect();
         assert!(in_cache_path(View16::rounded(&xr, 6, 8), b));
@@ -385,26 +423,36 @@ mod tests {
     }
 
     /// The in-cache path against the whole-weight path it replaces for
-    /// `x W^T` at few rows: the same bf16 values, f32 products by the
-    /// same gemm in other blocks, so within 2e-6 of the largest value.
-    /// Column blocks that do not divide B's columns, several K slices
-    /// (K > 4096), one row, the most rows it takes; every write mode into
+    /// `x W^T` and `dy W` at few rows: the same bf16 values, f32 products
+    /// by the same gemm in other blocks, so within 2e-6 of the largest
+    /// value. Column blocks that do not divide B's columns, several K
+    /// slices (K > 4096 for `x W^T`, K over 128K values a block for
+    /// `dy W`), one row, the most rows each takes; every write mode into
     /// a wider destination (the columns beyond untouched), and into a
     /// fresh buffer, which is the product set into a buffer bit for bit.
     /// Its blocks depend on the shapes only: one thread or three give the
     /// same bits.
     #[test]
     fn the_in_cache_path_matches_the_whole_path_whatever_the_threads() {
-        for (m, k, n) in [
-            (1, 3, 1),
-            (1, 700, 300),
-            (CACHED_ROWS, 576, 200),
-            (7, 4100, 130),
-            (33, 1536, 49),
+        for (m, k, n, b_row_major) in [
+            (1, 3, 1, false),
+            (1, 700, 300, false),
+            (CACHED_ROWS, 576, 200, false),
+            (7, 4100, 130, false),
+            (33, 1536, 49, false),
+            (1, 3, 1, true),
+            (5, 1100, 300, true),
+            (CACHED_ROWS_ROW_MAJOR, 192, 600, true),
+            (40, 576, 20, true),
         ] {
             let x = random(m * k, 11);
             let w = random(n * k, 12);
-            let (a, b) = (View16::f32(&x, m, k), View16::f32(&w, n, k).t());
+            let a = View16::f32(&x, m, k);
+            let b = if b_row_major {
+                View16::f32(&w, k, n)
+            } else {
+                View16::f32(&w, n, k).t()
+            };
             assert!(in_cache_path(a, b));
             let stride = n + 3;
             for write in [Write::Set, Write::Add(-0.5)] {
