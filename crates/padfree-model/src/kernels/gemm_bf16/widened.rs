@@ -230,7 +230,10 @@ enum Block<'a> {
         cols: usize,
         row_major: bool,
     },
-    Borrowed(View<'a>),
+    /// The values where they lie, and the buffer lent for widening them,
+    /// unused, for the next block (an in-cache task's buffer outlives a
+    /// product whose B needs no widening: `dy^T x`'s rounded `x`).
+    Borrowed(View<'a>, Vec<f32>),
 }
 
 impl Block<'_> {
@@ -238,7 +241,7 @@ impl Block<'_> {
     fn into_buffer(self) -> Vec<f32> {
         match self {
             Self::Widened { values, .. } => values,
-            Self::Borrowed(_) => Vec::new(),
+            Self::Borrowed(_, buffer) => buffer,
         }
     }
 
@@ -253,7 +256,7 @@ impl Block<'_> {
             Self::Widened {
                 values, rows, cols, ..
             } => View::row_major(values, *cols, *rows).t(),
-            Self::Borrowed(view) => *view,
+            Self::Borrowed(view, _) => *view,
         }
     }
 }
@@ -279,11 +282,14 @@ fn widen_block_into<'a>(
 ) -> Block<'a> {
     if let Values::Rounded(v) = view.values {
         let from = row0 * view.row_stride + col0 * view.col_stride;
-        return Block::Borrowed(View::strided(
-            &v[from.min(v.len())..],
-            (rows, view.row_stride),
-            (cols, view.col_stride),
-        ));
+        return Block::Borrowed(
+            View::strided(
+                &v[from.min(v.len())..],
+                (rows, view.row_stride),
+                (cols, view.col_stride),
+            ),
+            values,
+        );
     }
     let row_major = view.col_stride == 1 || view.row_stride != 1;
     let len = rows * cols;
@@ -304,11 +310,14 @@ fn widen_block_into<'a>(
     if let Values::F32(v) = view.values
         && all_rounded(v, (len / line_len.max(1), line_len), first, step, parallel)
     {
-        return Block::Borrowed(View::strided(
-            &v[first(0).min(v.len())..],
-            (rows, view.row_stride),
-            (cols, view.col_stride),
-        ));
+        return Block::Borrowed(
+            View::strided(
+                &v[first(0).min(v.len())..],
+                (rows, view.row_stride),
+                (cols, view.col_stride),
+            ),
+            values,
+        );
     }
     values.clear();
     values.reserve(len);
@@ -386,7 +395,8 @@ fn all_rounded(
 #[cfg(test)]
 mod tests {
     use super::{
-        CACHED_ROWS, CACHED_ROWS_ROW_MAJOR, in_cache_path, widened, widened_new, widened_whole,
+        CACHED_BLOCK, CACHED_ROWS, CACHED_ROWS_ROW_MAJOR, in_cache_path, widened, widened_new,
+        widened_whole,
     };
     use crate::kernels::bf16::{round_slice, rounded};
     use crate::kernels::gemm::Write;
@@ -486,5 +496,37 @@ mod tests {
             widened(&mut set, n, a, b, Write::Set);
             assert_eq!(widened_new(a, b), set, "fresh [{m},{k},{n}]");
         }
+    }
+
+    /// A thread's in-cache buffer outlives a product whose B needs no
+    /// widening (read where it lies): `dy^T x` with a rounded `x` comes
+    /// between a layer's `dy W` products, and dropping the buffer there
+    /// would allocate it again in the next one.
+    #[test]
+    fn the_in_cache_buffer_outlives_a_product_that_widens_nothing() {
+        let (m, k, n) = (8, 300, 200);
+        let a = random(m * k, 21);
+        let w = random(k * n, 22);
+        let w_rounded: Vec<f32> = w.iter().map(|&v| rounded(v)).collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a pool");
+        let capacity = |b: View16<'_>| {
+            pool.install(|| {
+                let a = View16::f32(&a, m, k);
+                assert!(in_cache_path(a, b));
+                widened_new(a, b);
+                CACHED_BLOCK.with(|cell| {
+                    let buffer = cell.take();
+                    let capacity = buffer.capacity();
+                    cell.set(buffer);
+                    capacity
+                })
+            })
+        };
+        let widening = capacity(View16::f32(&w, k, n));
+        assert!(widening >= k * 16, "the buffer after widening: {widening}");
+        assert_eq!(capacity(View16::rounded(&w_rounded, k, n)), widening);
     }
 }
