@@ -21,8 +21,9 @@ use rayon::prelude::*;
 use super::fresh::fresh;
 use super::simd::dispatch;
 
-/// Slices longer than this are rounded or widened on rayon's threads.
-const PARALLEL_VALUES: usize = 1 << 16;
+/// Slices of at least this many values are rounded, widened or scanned
+/// on rayon's threads (here and in the widened gemm body).
+pub(crate) const PARALLEL_VALUES: usize = 1 << 16;
 
 /// `x` rounded to bf16 (nearest, ties to even). Public for loops that
 /// round as they write (the optimizer's update of `--bf16`'s copies).

@@ -150,15 +150,7 @@ pub(crate) fn product(a: View<'_>, b: View<'_>) -> Vec<f32> {
     // pointer (no reference to the uninitialised memory is made) before
     // the length is set; `k > 0`, so gemm computes and stores each one.
     unsafe {
-        run(
-            out.as_mut_ptr(),
-            n,
-            a,
-            b,
-            Write::Set,
-            1.0,
-            threads_for(a, b),
-        );
+        run(out.as_mut_ptr(), n, a, b, Write::Set, threads_for(a, b));
         out.set_len(m * n);
     }
     out
@@ -194,19 +186,8 @@ pub(crate) fn product_into(
         }
         return;
     }
-    let factor = write.factor();
     // SAFETY: the bounds were checked above; `dst` is initialised.
-    unsafe {
-        run(
-            dst.as_mut_ptr(),
-            row_stride,
-            a,
-            b,
-            write,
-            factor,
-            threads_for(a, b),
-        )
-    }
+    unsafe { run(dst.as_mut_ptr(), row_stride, a, b, write, threads_for(a, b)) }
 }
 
 /// One task's columns of a destination split by [`column_blocks`]:
@@ -264,7 +245,6 @@ impl ColumnBlock {
             self.rows,
             self.cols
         );
-        let factor = write.factor();
         // SAFETY: `column_blocks` checked that the destination holds the
         // `[rows, col0 + cols]` values `row_stride` apart; this block's
         // columns are its own.
@@ -275,7 +255,6 @@ impl ColumnBlock {
                 a,
                 b,
                 write,
-                factor,
                 gemm::Parallelism::None,
             );
         }
@@ -418,7 +397,8 @@ fn threads_for(a: View<'_>, b: View<'_>) -> gemm::Parallelism {
     }
 }
 
-/// `dst` set to `factor * a b` or that added to it, on the given threads.
+/// `dst` set to `a b`, or `factor * a b` added to it (`Write::Add`), on
+/// the given threads.
 ///
 /// # Safety
 /// `dst` must be valid for writes of `[M, N]` values `dst_row_stride` apart
@@ -429,10 +409,10 @@ unsafe fn run(
     a: View<'_>,
     b: View<'_>,
     write: Write,
-    factor: f32,
     parallelism: gemm::Parallelism,
 ) {
     check(a, b);
+    let factor = write.factor();
     let (m, n, k) = (a.rows, b.cols, a.cols);
     let stride = |s: usize| s as isize;
     // SAFETY: `check` bounded both views; the caller vouches for `dst`.

@@ -9,14 +9,14 @@
 //! times a weight (every layer's `x W^T` and `dy W` on short batches)
 //! widen the weight a block at a time into a buffer that stays in the
 //! core's cache ([`CACHED_ROWS`], [`CACHED_ROWS_ROW_MAJOR`]), so that its
-//! values cross memory once, as in the f32 product. The one `unsafe` here sets a buffer's
-//! length after every value was written.
+//! values cross memory once, as in the f32 product. The one `unsafe` here
+//! sets a buffer's length after every value was written.
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
 
 use super::operand::{Element, Values, View16, with_values};
-use crate::kernels::bf16::{slice_is_rounded, unrounded_bits};
+use crate::kernels::bf16::{PARALLEL_VALUES, slice_is_rounded, unrounded_bits};
 use crate::kernels::gemm::{self, View, Write};
 use crate::kernels::simd::dispatch;
 
@@ -60,10 +60,6 @@ const CACHED_ROWS_ROW_MAJOR: usize = 1024;
 const CACHED_ROW_MAJOR_COLS: usize = 288;
 /// ... widened this many values at a time (512 KiB: in a 2 MiB L2).
 const CACHED_ROW_MAJOR_VALUES: usize = 1 << 17;
-
-/// Operands of at least this many values are scanned for bf16 values on
-/// rayon's threads.
-const PARALLEL_SCAN: usize = 1 << 16;
 
 /// Whether `a b` takes the in-cache path (by shapes and layout only, so
 /// that a product's sums run in one order whatever its values).
@@ -181,7 +177,7 @@ pub(super) fn widened_new(a: View16<'_>, b: View16<'_>) -> Vec<f32> {
 
 /// The portable body: blocks of K and of B's columns widened (A's K block
 /// once for all column blocks), each product by the f32 gemm; the
-/// in-cache path for few rows of A and a column-major B.
+/// in-cache path for few rows of A ([`in_cache_path`]).
 pub(super) fn widened(
     dst: &mut [f32],
     row_stride: usize,
@@ -341,7 +337,7 @@ fn widen_block_into<'a>(
                 }
             }
         };
-        if parallel && len >= 1 << 16 {
+        if parallel && len >= PARALLEL_VALUES {
             spare.par_chunks_mut(line_len.max(1)).enumerate().for_each(body);
         } else {
             spare.chunks_mut(line_len.max(1)).enumerate().for_each(body);
@@ -382,10 +378,10 @@ fn all_rounded(
             (0..line_len).all(|i| unrounded_bits(v[from + i * step]) == 0)
         }
     };
-    if parallel && lines * line_len >= PARALLEL_SCAN {
+    if parallel && lines * line_len >= PARALLEL_VALUES {
         (0..lines)
             .into_par_iter()
-            .with_min_len((PARALLEL_SCAN / 4).div_ceil(line_len.max(1)))
+            .with_min_len((PARALLEL_VALUES / 4).div_ceil(line_len.max(1)))
             .all(|i| dispatch(|| line(i)))
     } else {
         dispatch(|| (0..lines).all(line))
@@ -403,9 +399,9 @@ mod tests {
     use crate::kernels::gemm_bf16::View16;
     use crate::kernels::test_util::{assert_within, random};
 
-    /// The in-cache path is taken by shape and layout only: few rows of A
-    /// and a column-major B (`x W^T`), never `dy W`'s row-major B or more
-    /// rows, whatever the values.
+    /// The in-cache path is taken by shape and layout only, whatever the
+    /// values: up to 512 rows of A with a column-major B (`x W^T`), up to
+    /// 1,024 with a row-major one (`dy W`).
     #[test]
     fn the_in_cache_path_is_chosen_by_rows_and_layout() {
         let w = round_slice(&random(8 * 6, 1));
