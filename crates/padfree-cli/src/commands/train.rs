@@ -182,6 +182,15 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     }
     .map_err(|err| with_record(err, &source, &locations))?;
     trainer.set_gradient_checkpointing(job.gradient_checkpointing);
+    if padfree_model::kernels::simd_capped() {
+        let (ran, has) = (
+            padfree_model::kernels::simd_level().name(),
+            padfree_model::kernels::simd_detected().name(),
+        );
+        say!(
+            "NOTE: PADFREE_SIMD={ran}: padfree's kernels run their {ran} code on a CPU with {has} (the gemm crate's f32 kernels choose their own)"
+        );
+    }
     if let (Some(eval), Some(eval_dataset)) = (&job.eval, eval_dataset) {
         let eval = eval.settings;
         say!(

@@ -101,7 +101,10 @@ pub use quant_matmul::{
 };
 pub use rms_norm::{bf16_rms_norm, composed_rms_norm, rms_norm};
 pub use rope::{RopeTables, composed_rope, rope};
-pub use simd::dispatch as simd_dispatch;
+pub use simd::{
+    Level as SimdLevel, capped as simd_capped, detected as simd_detected,
+    dispatch as simd_dispatch, level as simd_level, level_for as simd_level_for,
+};
 #[cfg(feature = "cube")]
 pub use sum_squares::fused_sums_of_squares;
 pub use sum_squares::{composed_sums_of_squares, host_sum_of_squares, sums_of_squares};

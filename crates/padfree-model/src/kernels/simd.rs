@@ -10,13 +10,99 @@
 //! Results do not depend on the instruction set: Rust never fuses a multiply
 //! and an add on its own, and every sum here has a fixed order (eight
 //! independent lanes, then the lanes in order), so an AVX-512 machine and an
-//! AVX2 one compute the same bits.
+//! AVX2 one compute the same bits. `PADFREE_SIMD=avx2` or `=baseline`
+//! ([`level`]) runs the lower versions on a CPU that has more: CI runs the
+//! kernel and trainer tests at each level, and
+//! `padfree-train/tests/simd_levels.rs` trains the same bits at each.
 
-/// Runs `body` compiled for the best instruction set available (also the
-/// optimizer's host update in padfree-train, as `kernels::simd_dispatch`).
+/// Runs `body` compiled for this process's instruction set ([`level`]:
+/// the best available, or lower where `PADFREE_SIMD` says so); also the
+/// optimizer's host update in padfree-train, as `kernels::simd_dispatch`.
 #[inline(always)]
 pub fn dispatch<R>(body: impl FnOnce() -> R) -> R {
-    pulp::Arch::new().dispatch(body)
+    arch().dispatch(body)
+}
+
+/// The instruction sets [`dispatch`] compiles a body for, lowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// The binary's baseline (x86-64: SSE2), or a CPU that is not x86-64.
+    Baseline,
+    /// AVX2 and FMA (x86-64-v3).
+    Avx2,
+    /// AVX-512 F, BW, CD, DQ and VL (x86-64-v4).
+    Avx512,
+}
+
+impl Level {
+    /// The name in logs, and in `PADFREE_SIMD`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Baseline => "baseline",
+            Self::Avx2 => "avx2",
+            Self::Avx512 => "avx512",
+        }
+    }
+}
+
+/// The level this process's kernels run: [`level_for`] of `PADFREE_SIMD`
+/// and the CPU, decided once. `PADFREE_SIMD=avx2` (or `baseline`) runs
+/// the code an AVX2 machine (or any x86-64) runs, on a CPU that has more,
+/// so that one machine tests every version of each kernel; `padfree`'s
+/// bf16 bodies that need AVX-512 (`gemm_bf16`) are then not chosen
+/// either. The `gemm` crate's f32 kernels choose their own.
+pub fn level() -> Level {
+    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let setting = std::env::var("PADFREE_SIMD").ok();
+        level_for(setting.as_deref(), detected())
+    })
+}
+
+/// Whether `PADFREE_SIMD` holds this process below what its CPU has (for
+/// a note in the log).
+pub fn capped() -> bool {
+    level() < detected()
+}
+
+/// The level for a `PADFREE_SIMD` setting on a CPU that runs `detected`
+/// at best: the setting where the CPU has it, `detected` for anything
+/// else (unset, `best`, a level above the CPU's, a typo).
+pub fn level_for(setting: Option<&str>, detected: Level) -> Level {
+    let wanted = match setting {
+        Some("baseline") => Level::Baseline,
+        Some("avx2") => Level::Avx2,
+        Some("avx512") => Level::Avx512,
+        _ => return detected,
+    };
+    wanted.min(detected)
+}
+
+/// The best level this CPU runs.
+pub fn detected() -> Level {
+    #[cfg(target_arch = "x86_64")]
+    match pulp::Arch::new() {
+        pulp::Arch::V4(_) => Level::Avx512,
+        pulp::Arch::V3(_) => Level::Avx2,
+        _ => Level::Baseline,
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Level::Baseline
+}
+
+/// pulp's dispatcher for [`level`].
+#[inline(always)]
+fn arch() -> pulp::Arch {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match level() {
+            Level::Avx512 => pulp::Arch::new(),
+            Level::Avx2 => pulp::x86::V3::try_new().map_or(pulp::Arch::Scalar, pulp::Arch::V3),
+            Level::Baseline => pulp::Arch::Scalar,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    pulp::Arch::new()
 }
 
 /// `e^x` in f32 without a libm call, so that loops of it vectorise:
@@ -144,6 +230,29 @@ mod tests {
         assert_eq!(exp(0.0), 1.0);
         assert!(exp(-1000.0) < 1.2e-38 && exp(-1000.0) > 0.0);
         assert!(exp(f32::MIN) >= 0.0);
+    }
+
+    /// `PADFREE_SIMD` lowers the level where the CPU has the one asked
+    /// for, and never raises it; anything else leaves the CPU's best.
+    #[test]
+    fn the_level_is_the_setting_capped_by_the_cpu() {
+        use Level::{Avx2, Avx512, Baseline};
+        let cases = [
+            (None, Avx512, Avx512),
+            (Some("baseline"), Avx512, Baseline),
+            (Some("avx2"), Avx512, Avx2),
+            (Some("avx512"), Avx512, Avx512),
+            (Some("avx512"), Avx2, Avx2),
+            (Some("avx2"), Baseline, Baseline),
+            (Some("AVX2"), Avx512, Avx512),
+            (Some("best"), Avx2, Avx2),
+            (Some(""), Baseline, Baseline),
+        ];
+        for (setting, cpu, expected) in cases {
+            assert_eq!(level_for(setting, cpu), expected, "{setting:?} on {cpu:?}");
+        }
+        assert!(level() <= detected());
+        assert_eq!(capped(), level() < detected());
     }
 
     #[test]

@@ -529,8 +529,14 @@ fn machine_description() -> String {
         .map_or("unknown CPU", str::trim)
         .to_owned();
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let level = padfree_model::kernels::simd_level().name();
+    let capped = if padfree_model::kernels::simd_capped() {
+        " (PADFREE_SIMD)"
+    } else {
+        ""
+    };
     format!(
-        "{model}, {cores} cores available, {} {}",
+        "{model}, {cores} cores available, {} {}, padfree kernels {level}{capped}",
         std::env::consts::OS,
         std::env::consts::ARCH
     )

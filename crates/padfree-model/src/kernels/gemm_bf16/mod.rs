@@ -90,10 +90,13 @@ impl Body {
     }
 }
 
+/// AMX-BF16 with the tile state granted, where this process runs its
+/// AVX-512 code (`PADFREE_SIMD=avx2` rules the bf16 bodies out, as on a
+/// CPU without them: `kernels/simd.rs`).
 fn has_amx_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        amx::has_amx_bf16()
+        runs_avx512() && amx::has_amx_bf16()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -101,10 +104,18 @@ fn has_amx_bf16() -> bool {
     }
 }
 
+/// Whether this process runs its AVX-512 code ([`super::simd::level`]).
+fn runs_avx512() -> bool {
+    super::simd::level() == super::simd::Level::Avx512
+}
+
+/// AVX512-BF16 (with F, BW and VL), where this process runs its AVX-512
+/// code.
 fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
+        runs_avx512()
+            && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("avx512bf16")
@@ -130,14 +141,24 @@ fn choice() -> (Body, Option<&'static str>) {
     static CHOICE: OnceLock<(Body, Option<&'static str>)> = OnceLock::new();
     *CHOICE.get_or_init(|| {
         let forced = std::env::var("PADFREE_BF16_MATMUL").ok();
-        choose(
+        let (body, why) = choose(
             forced.as_deref(),
             Cpu {
                 amx_bf16: Body::Amx.available(),
                 avx512_bf16: Body::Avx512Bf16.available(),
                 intel: packed::cpu_is_intel(),
             },
-        )
+        );
+        // The CPU's bf16 bodies were ruled out by the cap, not missing.
+        let capped = super::simd::capped() && forced.as_deref() != Some("widened");
+        let why = why.map(|why| {
+            if capped {
+                "PADFREE_SIMD holds padfree's kernels below AVX-512, which the bf16 bodies need: --bf16 rounds as bf16 does but multiplies in f32"
+            } else {
+                why
+            }
+        });
+        (body, why)
     })
 }
 
@@ -563,6 +584,25 @@ mod tests {
                 .1
                 .is_some_and(|w| w.contains("Intel"))
         );
+    }
+
+    /// A process held below AVX-512 (`PADFREE_SIMD=avx2`, as CI runs
+    /// these tests a second time) never chooses a body that needs it, as
+    /// on a CPU without it; at AVX-512 each is there exactly when the CPU
+    /// has it.
+    #[test]
+    fn the_bf16_bodies_need_the_avx512_level() {
+        use super::super::simd::{Level, level};
+        use super::{Body, runs_avx512};
+        assert_eq!(runs_avx512(), level() == Level::Avx512);
+        if level() < Level::Avx512 {
+            assert!(!Body::Amx.available() && !Body::Avx512Bf16.available());
+            assert_eq!(super::body(), Body::Widened);
+            assert!(super::widened_because().is_some());
+        } else {
+            #[cfg(target_arch = "x86_64")]
+            assert_eq!(Body::Amx.available(), super::amx::has_amx_bf16());
+        }
     }
 
     use half::bf16;
