@@ -95,7 +95,7 @@ fn child_prints_the_bits_of_its_training() {
 
 #[test]
 fn every_simd_level_trains_the_same_bits() {
-    let levels: Vec<SimdLevel> = [SimdLevel::Baseline, SimdLevel::Avx2, SimdLevel::Avx512]
+    let levels: Vec<SimdLevel> = SimdLevel::ALL
         .into_iter()
         .filter(|&l| l <= simd_detected())
         .collect();

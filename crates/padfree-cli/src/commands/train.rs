@@ -56,6 +56,25 @@ fn print_packing(trainer: &Trainer, config: &TrainConfig) {
     }
 }
 
+/// What `PADFREE_SIMD` did, in the log: the level it holds padfree's
+/// kernels to below the CPU's, or why it was ignored.
+fn simd_notes() {
+    use padfree_model::kernels::{SimdLevel, simd_capped, simd_detected, simd_level};
+    let (ran, has) = (simd_level().name(), simd_detected().name());
+    match std::env::var("PADFREE_SIMD").ok().filter(|v| !v.is_empty()) {
+        Some(value) if SimdLevel::named(&value).is_none() => say!(
+            "NOTE: PADFREE_SIMD={value} is not one of avx512, avx2, baseline: ignored, padfree's kernels run {ran}"
+        ),
+        Some(value) if !simd_capped() && value != ran => say!(
+            "NOTE: PADFREE_SIMD={value}: this CPU runs {has} at most, so padfree's kernels run {ran}"
+        ),
+        _ if simd_capped() => say!(
+            "NOTE: PADFREE_SIMD={ran}: padfree's kernels run their {ran} code on a CPU with {has} (the gemm crate's f32 kernels choose their own)"
+        ),
+        _ => {}
+    }
+}
+
 /// Runs the job; `Ok(true)` when it was interrupted.
 pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     if job.embedded_default {
@@ -182,15 +201,7 @@ pub fn run(job: &TrainJob) -> anyhow::Result<bool> {
     }
     .map_err(|err| with_record(err, &source, &locations))?;
     trainer.set_gradient_checkpointing(job.gradient_checkpointing);
-    if padfree_model::kernels::simd_capped() {
-        let (ran, has) = (
-            padfree_model::kernels::simd_level().name(),
-            padfree_model::kernels::simd_detected().name(),
-        );
-        say!(
-            "NOTE: PADFREE_SIMD={ran}: padfree's kernels run their {ran} code on a CPU with {has} (the gemm crate's f32 kernels choose their own)"
-        );
-    }
+    simd_notes();
     if let (Some(eval), Some(eval_dataset)) = (&job.eval, eval_dataset) {
         let eval = eval.settings;
         say!(

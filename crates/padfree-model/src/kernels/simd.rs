@@ -35,6 +35,9 @@ pub enum Level {
 }
 
 impl Level {
+    /// Every level, lowest first.
+    pub const ALL: [Self; 3] = [Self::Baseline, Self::Avx2, Self::Avx512];
+
     /// The name in logs, and in `PADFREE_SIMD`.
     pub fn name(self) -> &'static str {
         match self {
@@ -42,6 +45,11 @@ impl Level {
             Self::Avx2 => "avx2",
             Self::Avx512 => "avx512",
         }
+    }
+
+    /// The level a `PADFREE_SIMD` value names, if any.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|level| level.name() == name)
     }
 }
 
@@ -69,13 +77,9 @@ pub fn capped() -> bool {
 /// at best: the setting where the CPU has it, `detected` for anything
 /// else (unset, `best`, a level above the CPU's, a typo).
 pub fn level_for(setting: Option<&str>, detected: Level) -> Level {
-    let wanted = match setting {
-        Some("baseline") => Level::Baseline,
-        Some("avx2") => Level::Avx2,
-        Some("avx512") => Level::Avx512,
-        _ => return detected,
-    };
-    wanted.min(detected)
+    setting
+        .and_then(Level::named)
+        .map_or(detected, |wanted| wanted.min(detected))
 }
 
 /// The best level this CPU runs.
