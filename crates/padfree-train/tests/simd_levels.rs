@@ -26,8 +26,10 @@ use padfree_train::{AttentionMode, TrainConfig, Trainer};
 mod common;
 use common::{examples, scratch_dir};
 
-/// The child's test, which the parent runs by name.
-const CHILD: &str = "child_prints_the_bits_of_its_training";
+/// The test, which runs itself as the child.
+const TEST: &str = "every_simd_level_trains_the_same_bits";
+/// Set in the child's environment: train and print the digest.
+const CHILD: &str = "PADFREE_SIMD_LEVELS_CHILD";
 /// The line the child prints its digest on.
 const DIGEST: &str = "SIMD-LEVEL-DIGEST";
 
@@ -80,11 +82,9 @@ fn train_digest(precision: Precision) -> (u64, f64) {
     (fnv(bits), *losses.last().expect("six steps"))
 }
 
-/// Run by the parent in a child process with `PADFREE_SIMD` set: prints
-/// the digests of an f32 and a `--bf16` run.
-#[test]
-#[ignore = "the child of every_simd_level_trains_the_same_bits"]
-fn child_prints_the_bits_of_its_training() {
+/// The child's part, in a process with `PADFREE_SIMD` set: prints the
+/// digests of an f32 and a `--bf16` run.
+fn print_the_bits_of_this_level() {
     let level = padfree_model::kernels::simd_level().name();
     let (f32_digest, f32_loss) = train_digest(Precision::F32);
     let (bf16_digest, bf16_loss) = train_digest(Precision::Bf16);
@@ -95,6 +95,10 @@ fn child_prints_the_bits_of_its_training() {
 
 #[test]
 fn every_simd_level_trains_the_same_bits() {
+    if std::env::var_os(CHILD).is_some() {
+        print_the_bits_of_this_level();
+        return;
+    }
     let levels: Vec<SimdLevel> = SimdLevel::ALL
         .into_iter()
         .filter(|&l| l <= simd_detected())
@@ -106,13 +110,8 @@ fn every_simd_level_trains_the_same_bits() {
     let mut digests = Vec::new();
     for level in &levels {
         let out = Command::new(&exe)
-            .args([
-                CHILD,
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
             .env("PADFREE_SIMD", level.name())
             .env("PADFREE_BF16_MATMUL", "widened")
             .output()
