@@ -8,7 +8,7 @@
 //! ([`View16::rounded`]) is read where it lies, not copied. A few rows
 //! times a weight (every layer's `x W^T` and `dy W` on short batches)
 //! widen the weight a block at a time into a buffer that stays in the
-//! core's cache ([`CACHED_ROWS`], [`CACHED_ROWS_ROW_MAJOR`]), so that its
+//! core's cache ([`CACHED_ROWS`]), so that its
 //! values cross memory once, as in the f32 product. The one `unsafe` here
 //! sets a buffer's length after every value was written.
 #![allow(unsafe_code)]
@@ -27,35 +27,34 @@ const WIDENED_B_VALUES: usize = 1 << 22;
 /// inner dimension (the head's `dy W`) still leaves wide column blocks.
 const WIDENED_K: usize = 4096;
 
-/// Products of at most this many rows whose B lies column-major (a
-/// weight read transposed: every layer's `x W^T`) take the in-cache path.
-/// There the weight's traffic is a large part of the product's: widened
-/// whole into a buffer in memory, each value was read, written and read
-/// again from memory; widened a block at a time into a buffer that stays
-/// in the core's cache, it is read from memory once, as the f32 product
-/// reads it. On a 2-core Xeon (AVX-512, SmolLM2-135M's seven products of
-/// 30 layers) at 248 rows: 177 ms against 230 ms widened whole (f32 210
-/// ms); at 512 rows 320 against 356 (f32 337-348); at 1,024 rows no
-/// better (617 against 620), each task repacking A for its block.
-const CACHED_ROWS: usize = 512;
-/// ... in column blocks of about this many values (256 KiB: a block and
-/// A's rows stay in a core's L2 cache); 32K and 128K ran slower.
+/// Products of at most this many rows take the in-cache path, whether B
+/// lies column-major (a weight read transposed: every layer's `x W^T`) or
+/// row-major (`dy W`, the weight read as it lies; and `dy^T x` with at
+/// most this many output rows). There the weight's traffic is a large
+/// part of the product's: widened whole into a buffer in memory, each
+/// value was read, written and read again from memory; widened a block at
+/// a time into a buffer that stays in the core's cache, it is read from
+/// memory once, as the f32 product reads it. Above it, each task's
+/// repacking of A for its block costs more than that saves.
+///
+/// Measured on a 2-core Xeon (AVX-512), SmolLM2-135M's seven products of
+/// 30 layers, against the whole-weight path and f32 in the same runs:
+/// - `x W^T`: 248 rows 177 ms against 230 (f32 210); 512 rows 320
+///   against 356 (f32 337-348); 768 rows 599-600 against 617-671 (f32
+///   603-608); 1,024 rows 752-801 against 778-827 (f32 767-806); 1,360
+///   rows 1,044-1,098 against 1,058-1,088 (f32 1,017-1,115), 1,536 and
+///   2,870 rows slower in cache (1.05-1.11x f32 against 0.97-1.03x);
+/// - `dy W`: 0.99-1.07x f32's time at 248-512 rows against 1.10-1.18x
+///   whole, 1.01-1.03x against 0.99-1.09x at 1,024 (at 2,870 rows both
+///   1.00-1.02x); `dy^T x` as before (0.94-1.00x against 0.94-1.03x).
+const CACHED_ROWS: usize = 1024;
+/// `x W^T`'s column blocks: about this many values (256 KiB: a block and
+/// A's rows stay in a core's L2 cache); 32K, 128K and more ran slower.
 const CACHED_B_VALUES: usize = 1 << 16;
 
-/// Products of at most this many rows whose B lies row-major (`dy W`,
-/// the weight read as it lies) take the in-cache path too, in column
-/// blocks of about [`CACHED_ROW_MAJOR_COLS`] and K slices of
-/// [`CACHED_ROW_MAJOR_VALUES`] values: few, wide blocks, since each task
-/// packs A again for its block. On the 2-core Xeon, SmolLM2-135M's seven
-/// `dy W` products of 30 layers took 0.99-1.07x f32's time at 248-512
-/// rows against 1.10-1.18x widened whole, and 1.01-1.03x against
-/// 0.99-1.09x at 1,024 (at 2,870 rows both 1.00-1.02x: left whole); the
-/// `dy^T x` products that this layout also sends here (at most 1,024
-/// output rows) ran as before (0.94-1.00x against 0.94-1.03x). The blocks
-/// of the `x W^T` path above gained nothing here, and 160 columns or 64K
-/// values lost.
-const CACHED_ROWS_ROW_MAJOR: usize = 1024;
-/// ... in blocks of about this many columns (SmolLM2's 576: two blocks;
+/// `dy W`'s blocks: few and wide, since each task packs A again for its
+/// block (the `x W^T` path's blocks gained nothing here, and 160 columns
+/// or 64K values lost): about this many columns (SmolLM2's 576: two blocks;
 /// 1,536: six) ...
 const CACHED_ROW_MAJOR_COLS: usize = 288;
 /// ... widened this many values at a time (512 KiB: in a 2 MiB L2).
@@ -64,12 +63,7 @@ const CACHED_ROW_MAJOR_VALUES: usize = 1 << 17;
 /// Whether `a b` takes the in-cache path (by shapes and layout only, so
 /// that a product's sums run in one order whatever its values).
 fn in_cache_path(a: View16<'_>, b: View16<'_>) -> bool {
-    a.cols > 0
-        && if b.col_stride == 1 {
-            a.rows <= CACHED_ROWS_ROW_MAJOR
-        } else {
-            a.rows <= CACHED_ROWS && b.row_stride == 1
-        }
+    a.cols > 0 && a.rows <= CACHED_ROWS && (b.col_stride == 1 || b.row_stride == 1)
 }
 
 /// The in-cache path: A widened whole (read where it lies when it holds
@@ -391,7 +385,7 @@ fn all_rounded(
 #[cfg(test)]
 mod tests {
     use super::{
-        CACHED_BLOCK, CACHED_ROWS, CACHED_ROWS_ROW_MAJOR, in_cache_path, widened, widened_new,
+        CACHED_BLOCK, CACHED_ROWS, in_cache_path, widened, widened_new,
         widened_whole,
     };
     use crate::kernels::bf16::{round_slice, rounded};
@@ -400,8 +394,8 @@ mod tests {
     use crate::kernels::test_util::{assert_within, random};
 
     /// The in-cache path is taken by shape and layout only, whatever the
-    /// values: up to 512 rows of A with a column-major B (`x W^T`), up to
-    /// 1,024 with a row-major one (`dy W`).
+    /// values: up to 1,024 rows of A with a column-major B (`x W^T`) or a
+    /// row-major one (`dy W`), never with a B strided both ways.
     #[test]
     fn the_in_cache_path_is_chosen_by_rows_and_layout() {
         let w = round_slice(&random(8 * 6, 1));
@@ -411,17 +405,24 @@ mod tests {
         assert!(in_cache_path(a(1), b));
         assert!(in_cache_path(a(CACHED_ROWS), b));
         assert!(!in_cache_path(a(CACHED_ROWS + 1), b));
-        // `dy W`: B row-major, up to its own row count.
-        let dy = random((CACHED_ROWS_ROW_MAJOR + 1) * 6, 3);
+        // `dy W`: B row-major, up to the same row count.
+        let dy = random((CACHED_ROWS + 1) * 6, 3);
         let dy_w = |rows| {
             in_cache_path(
                 View16::f32(&dy[..rows * 6], rows, 6),
                 View16::bf16(&w, 6, 8),
             )
         };
-        assert!(dy_w(CACHED_ROWS + 1));
-        assert!(dy_w(CACHED_ROWS_ROW_MAJOR));
-        assert!(!dy_w(CACHED_ROWS_ROW_MAJOR + 1));
+        assert!(dy_w(1));
+        assert!(dy_w(CACHED_ROWS));
+        assert!(!dy_w(CACHED_ROWS + 1));
+        // B strided both ways: never.
+        let strided = View16 {
+            row_stride: 2,
+            col_stride: 16,
+            ..View16::bf16(&w, 8, 3)
+        };
+        assert!(!in_cache_path(a(1), strided));
         // Values already bf16 (read in place) take the same path.
         let xr: Vec<f32> = x[..6 * 8].iter().map(|&v| rounded(v)).collect();
         assert!(in_cache_path(View16::rounded(&xr, 6, 8), b));
@@ -448,7 +449,7 @@ mod tests {
             (33, 1536, 49, false),
             (1, 3, 1, true),
             (5, 1100, 300, true),
-            (CACHED_ROWS_ROW_MAJOR, 192, 600, true),
+            (CACHED_ROWS, 192, 600, true),
             (40, 576, 20, true),
         ] {
             let x = random(m * k, 11);
