@@ -6,7 +6,8 @@
 //! keeps the unfused reference beside the fused one).
 //!
 //! `simd.rs` runs kernel bodies compiled for the CPU's best vector set
-//! (chosen at run time) and holds their vectorisable `exp`, `dot`, `sum_exp`.
+//! (chosen at run time; `PADFREE_SIMD` caps it, so that one machine runs
+//! every version) and holds their vectorisable `exp`, `dot`, `sum_exp`.
 //!
 //! `lora_linear.rs` is a LoRA layer in one op (frozen base, f32 or GGUF
 //! blocks, plus the adapter); `dropout.rs` its dropout mask, drawn again
@@ -103,7 +104,7 @@ pub use rms_norm::{bf16_rms_norm, composed_rms_norm, rms_norm};
 pub use rope::{RopeTables, composed_rope, rope};
 pub use simd::{
     Level as SimdLevel, capped as simd_capped, detected as simd_detected,
-    dispatch as simd_dispatch, level as simd_level, level_for as simd_level_for,
+    dispatch as simd_dispatch, level as simd_level,
 };
 #[cfg(feature = "cube")]
 pub use sum_squares::fused_sums_of_squares;

@@ -175,9 +175,10 @@ pub struct Cpu {
 
 /// The body for a `PADFREE_BF16_MATMUL` setting (`widened`,
 /// `avx512-bf16`, `amx`; unset or anything else: by the CPU) and a CPU,
-/// and why when it is the widened one. From the CPU alone, never from a
-/// timing, so that every process on a machine (a resumed run) computes
-/// the same bits. AMX first where it is there: on the same Intel Xeon
+/// and why when it is the widened one. From the CPU alone (as
+/// `choice` reads it: `PADFREE_SIMD` below AVX-512 hides the bf16
+/// bodies), never from a timing, so that every process on a machine (a
+/// resumed run) with the same settings computes the same bits. AMX first where it is there: on the same Intel Xeon
 /// (family 6, model 207) with the tile state granted, its body ran the
 /// 1024^3 product at 648-847 GFLOP/s against the f32 gemm's 181-298
 /// (docs/benchmarks/2026-12-05-bf16-amx.md).

@@ -384,10 +384,7 @@ fn all_rounded(
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        CACHED_BLOCK, CACHED_ROWS, in_cache_path, widened, widened_new,
-        widened_whole,
-    };
+    use super::{CACHED_BLOCK, CACHED_ROWS, in_cache_path, widened, widened_new, widened_whole};
     use crate::kernels::bf16::{round_slice, rounded};
     use crate::kernels::gemm::Write;
     use crate::kernels::gemm_bf16::View16;
