@@ -8,9 +8,9 @@
 //! ([`View16::rounded`]) is read where it lies, not copied. A few rows
 //! times a weight (every layer's `x W^T` and `dy W` on short batches)
 //! widen the weight a block at a time into a buffer that stays in the
-//! core's cache ([`CACHED_ROWS`]), so that its
-//! values cross memory once, as in the f32 product. The one `unsafe` here
-//! sets a buffer's length after every value was written.
+//! core's cache ([`CACHED_ROWS`]), so that its values cross memory once,
+//! as in the f32 product. The one `unsafe` here sets a buffer's length
+//! after every value was written.
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
@@ -43,7 +43,10 @@ const WIDENED_K: usize = 4096;
 ///   against 356 (f32 337-348); 768 rows 599-600 against 617-671 (f32
 ///   603-608); 1,024 rows 752-801 against 778-827 (f32 767-806); 1,360
 ///   rows 1,044-1,098 against 1,058-1,088 (f32 1,017-1,115), 1,536 and
-///   2,870 rows slower in cache (1.05-1.11x f32 against 0.97-1.03x);
+///   2,870 rows slower in cache (1.04-1.12x f32 against 0.97-1.03x);
+///   `medium`'s shapes (512 wide, MLP 1,408) at 640-1,024 rows
+///   0.99-1.07x f32 in cache against 0.99-1.08x, its 32k-row head at 524
+///   rows 223-226 ms against 231-241 (f32 204-218);
 /// - `dy W`: 0.99-1.07x f32's time at 248-512 rows against 1.10-1.18x
 ///   whole, 1.01-1.03x against 0.99-1.09x at 1,024 (at 2,870 rows both
 ///   1.00-1.02x); `dy^T x` as before (0.94-1.00x against 0.94-1.03x).
