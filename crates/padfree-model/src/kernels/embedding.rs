@@ -84,6 +84,29 @@ impl HostOp<1> for Lookup {
         let [vocab, width] = [table.shape[0], table.shape[1]];
         [scatter_add(d_out, &self.ids, [vocab, width])]
     }
+
+    const ADDS_INTO_REGISTERED: bool = true;
+
+    /// A table tied to the LM head has the head's gradient registered by
+    /// now: the batch's rows are added into it in place, and no second
+    /// `[V, C]` buffer is made.
+    fn backward_adding(
+        &self,
+        [table]: [HostTensor<'_>; 1],
+        d_out: &[f32],
+        [registered]: [Option<Vec<f32>>; 1],
+    ) -> [Vec<f32>; 1] {
+        let [vocab, width] = [table.shape[0], table.shape[1]];
+        [match registered {
+            Some(mut gradient) => {
+                #[cfg(test)]
+                tests::ADDED_INTO.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                scatter_add_into(&mut gradient, d_out, &self.ids, [vocab, width]);
+                gradient
+            }
+            None => scatter_add(d_out, &self.ids, [vocab, width]),
+        }]
+    }
 }
 
 // ---- the host kernel ----
@@ -119,12 +142,7 @@ fn gather(table: &[f32], ids: &[usize], width: usize) -> Vec<f32> {
 /// When an id is past the vocabulary or `d_out` is not `[N, C]`.
 fn scatter_add(d_out: &[f32], ids: &[usize], [vocab, width]: [usize; 2]) -> Vec<f32> {
     assert_eq!(d_out.len(), ids.len() * width, "embedding: d_out's shape");
-    // The tokens of each id together, in token order within an id.
-    let mut order: Vec<usize> = (0..ids.len()).collect();
-    order.sort_by_key(|&n| ids[n]);
-    let starts: Vec<usize> = (0..=vocab)
-        .map(|v| order.partition_point(|&n| ids[n] < v))
-        .collect();
+    let (order, starts) = tokens_by_id(ids, vocab);
     let body = |out: &mut [MaybeUninit<f32>]| {
         out.par_chunks_mut(ROWS_PER_TASK * width.max(1))
             .enumerate()
@@ -149,10 +167,134 @@ fn scatter_add(d_out: &[f32], ids: &[usize], [vocab, width]: [usize; 2]) -> Vec<
     unsafe { fresh(vocab * width, body) }
 }
 
+/// The tokens of each id together, in token order within an id:
+/// `(order, starts)`, the tokens of id `v` being
+/// `order[starts[v]..starts[v + 1]]`.
+fn tokens_by_id(ids: &[usize], vocab: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_by_key(|&n| ids[n]);
+    let starts = (0..=vocab)
+        .map(|v| order.partition_point(|&n| ids[n] < v))
+        .collect();
+    (order, starts)
+}
+
+/// `gradient[v] = (0 + d_out[n0] + d_out[n1] + ...) + gradient[v]` for
+/// every id `v` a token has, the sum [`scatter_add`] makes added as burn
+/// adds a second gradient to a registered one (so the same bits); rows no
+/// token has are left as they are (burn's `0 + g` would turn a `-0.0`
+/// into `0.0`, the one difference, which no update can see).
+///
+/// # Panics
+/// When an id is past the vocabulary, or `d_out` is not `[N, C]` or
+/// `gradient` not `[V, C]`.
+fn scatter_add_into(
+    gradient: &mut [f32],
+    d_out: &[f32],
+    ids: &[usize],
+    [vocab, width]: [usize; 2],
+) {
+    assert_eq!(d_out.len(), ids.len() * width, "embedding: d_out's shape");
+    assert_eq!(
+        gradient.len(),
+        vocab * width,
+        "embedding: the registered gradient's shape"
+    );
+    let (order, starts) = tokens_by_id(ids, vocab);
+    gradient
+        .par_chunks_mut(ROWS_PER_TASK * width.max(1))
+        .enumerate()
+        .for_each(|(task, rows)| {
+            let mut sum = vec![0.0f32; width];
+            for (at, row) in rows.chunks_mut(width).enumerate() {
+                let v = task * ROWS_PER_TASK + at;
+                let tokens = &order[starts[v]..starts[v + 1]];
+                if tokens.is_empty() {
+                    continue;
+                }
+                sum.fill(0.0);
+                for &n in tokens {
+                    for (s, &g) in sum.iter_mut().zip(&d_out[n * width..(n + 1) * width]) {
+                        *s += g;
+                    }
+                }
+                // `g + s` is `s + g` to the bit (IEEE addition commutes).
+                for (r, &s) in row.iter_mut().zip(&sum) {
+                    *r += s;
+                }
+            }
+        });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tensor::{IntoHostVec, backward, cpu_device, float_tensor, grad, trainable};
+
+    /// Backward passes that added into a registered gradient.
+    pub(super) static ADDED_INTO: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    /// How the tied test's rows are looked up.
+    #[derive(Clone, Copy)]
+    enum Rows {
+        Fused,
+        Composed,
+        /// Off the graph: the head's part of the gradient alone.
+        Detached,
+    }
+
+    /// The gradient of a table tied to a head (`h table^T` after the
+    /// lookup, as a tied LM head reads it).
+    fn tied_gradient(
+        values: &[f32],
+        ids: &[u32],
+        [vocab, width]: [usize; 2],
+        how: Rows,
+    ) -> Vec<f32> {
+        let device = cpu_device(true);
+        let table = trainable(float_tensor(values.to_vec(), [vocab, width], &device));
+        let rows = match how {
+            Rows::Fused => embedding(&table, ids).expect("ids within the table"),
+            Rows::Composed => composed_embedding(&table, ids),
+            Rows::Detached => composed_embedding(&table, ids).detach(),
+        };
+        let logits = rows.mul_scalar(0.5).matmul(table.clone().transpose());
+        let grads = backward(&logits.clone().mul(logits).sum());
+        grad(&table, &grads).expect("the table trains").into_vec()
+    }
+
+    /// A tied table: the head's gradient is registered first, the lookup
+    /// adds its rows into it in place, and the sum is burn's `select` and
+    /// matmul's bit for bit (the registered one here a transposed view,
+    /// which is copied out first).
+    #[test]
+    fn a_tied_tables_rows_are_added_into_the_heads_gradient() {
+        let shape = [ROWS_PER_TASK + 29, 6];
+        let width = shape[1];
+        let values: Vec<f32> = (0..shape[0] * width)
+            .map(|i| ((i * 6151 % 1000) as f32 - 500.0) / 83.0)
+            .collect();
+        let ids: Vec<u32> = vec![5, 0, 5, ROWS_PER_TASK as u32 + 28, 9, 5];
+        let before = ADDED_INTO.load(std::sync::atomic::Ordering::Relaxed);
+        let ours = tied_gradient(&values, &ids, shape, Rows::Fused);
+        assert!(
+            ADDED_INTO.load(std::sync::atomic::Ordering::Relaxed) > before,
+            "the lookup added into the head's gradient"
+        );
+        let theirs = tied_gradient(&values, &ids, shape, Rows::Composed);
+        assert_eq!(ours.len(), theirs.len());
+        let differing = ours.iter().zip(&theirs).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            differing, 0,
+            "values of the tied table's gradient that differ"
+        );
+        // It bites: an untouched row holds the head's part alone, a looked-up
+        // one both (the lookup's part is not zero).
+        let only_head = tied_gradient(&values, &ids, shape, Rows::Detached);
+        assert_eq!(ours[width..2 * width], only_head[width..2 * width]);
+        assert_ne!(ours[5 * width..6 * width], only_head[5 * width..6 * width]);
+    }
 
     /// The table and its gradient through the op and through burn's
     /// `select`, on ids with repeats (the same rows summed, in token

@@ -89,6 +89,30 @@ pub(crate) trait HostOp<const N: usize>:
         needed: [bool; N],
     ) -> [Vec<f32>; N];
 
+    /// Whether the backward pass adds its gradients into the ones the graph
+    /// holds already for its inputs ([`Self::backward_adding`]), taken out
+    /// of burn's container, rather than returning fresh ones for burn to
+    /// add: the embedding table tied to the LM head, whose `[V, C]`
+    /// gradient the head registered first, while the lookup's own touches
+    /// only the batch's rows. burn's sum held two `[V, C]` buffers at once
+    /// at the end of every backward pass, the step's peak (SmolLM2-135M:
+    /// 108 MiB). Kept ops only (not [`Self::RECOMPUTE`]).
+    const ADDS_INTO_REGISTERED: bool = false;
+
+    /// The backward pass of an op with [`Self::ADDS_INTO_REGISTERED`]
+    /// (which reads neither its output nor saved values): `registered[i]`
+    /// is input `i`'s gradient so far (`None` where there is none yet);
+    /// each gradient returned has it added as burn adds (this op's + the
+    /// registered one).
+    fn backward_adding(
+        &self,
+        _inputs: [HostTensor<'_>; N],
+        _d_out: &[f32],
+        _registered: [Option<Vec<f32>>; N],
+    ) -> [Vec<f32>; N] {
+        unreachable!("only an op that adds into registered gradients is asked to")
+    }
+
     /// [`Self::backward`] with what the forward pass saved handed over
     /// (the graph's only holder of it: a plain backward pass), for an op
     /// whose gradients are its saved values and can be returned in their
@@ -206,6 +230,10 @@ struct Saved<Op, const N: usize> {
     shapes: [Vec<usize>; N],
     output: FlexTensor,
     saved: Arc<Vec<f32>>,
+    /// The inputs as the graph knows them, for an op that adds into their
+    /// registered gradients ([`HostOp::ADDS_INTO_REGISTERED`]): burn takes
+    /// a gradient out of its container by the tensor, not by the node.
+    leaves: Option<[FloatTensor<Autodiff<Flex>>; N]>,
 }
 
 impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for HostBackwardOf<Op, N> {
@@ -226,6 +254,19 @@ impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for HostBackwardOf<Op, N> 
             panic!("fused kernel backward: tensors are no longer contiguous f32");
         };
         let needed = ops.parents.each_ref().map(Option::is_some);
+        if let Some(leaves) = &state.leaves {
+            let registered = leaves
+                .each_ref()
+                .map(|leaf| grads.remove::<Flex>(leaf).map(owned_values));
+            let gradients = state.op.backward_adding(inputs, d_out_values, registered);
+            register(
+                grads,
+                ops.parents.map(|p| p.map(|node| node.id)),
+                gradients,
+                shapes,
+            );
+            return;
+        }
         let gradients = match Arc::try_unwrap(state.saved) {
             Ok(saved) => {
                 state
@@ -282,6 +323,7 @@ fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
     if Op::RECOMPUTE {
         return recomputed::<Op, C, N>(op, inputs);
     }
+    let leaves = Op::ADDS_INTO_REGISTERED.then(|| inputs.clone());
     let parts = inputs.map(|t| t.into_parts());
     let mut primitives = Vec::with_capacity(N);
     let mut nodes = Vec::with_capacity(N);
@@ -321,6 +363,7 @@ fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
                         FlexTensor::from_data(TensorData::new(Vec::<f32>::new(), [0]))
                     },
                     saved: Arc::new(saved),
+                    leaves,
                 },
                 output,
             ),
@@ -417,6 +460,16 @@ impl<Op: HostOp<N>, const N: usize> Backward<Flex, N> for RecomputedBackwardOf<O
             shapes,
         );
     }
+}
+
+/// A gradient taken out of burn's container as a `Vec`: its buffer when
+/// the tensor is that buffer's only holder (a kernel's output), a copy
+/// otherwise.
+fn owned_values(tensor: FlexTensor) -> Vec<f32> {
+    tensor
+        .into_data()
+        .try_into_vec::<f32>()
+        .unwrap_or_else(|_| panic!("fused kernel backward: a registered gradient is not f32"))
 }
 
 /// Hands every tracked parent its gradient.

@@ -27,6 +27,52 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Bytes of the lined blocks alive now, and their high-water mark since
+/// [`reset_lined_peak`]: every buffer of [`LINED_FROM`] bytes or more
+/// (weights, gradients, moments, activations, kernel outputs), so a
+/// trace of a step's phases (`PADFREE_MEMORY_TRACE` in the trainer) says
+/// what is alive where the resident memory only says how much was ever
+/// touched. Relaxed atomics: two per big allocation (a few thousand a
+/// step), and zero where this allocator is not installed (the library's
+/// tests).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(bytes: usize) {
+    let now = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+fn shrank(bytes: usize) {
+    LIVE.fetch_sub(bytes, Ordering::Relaxed);
+}
+
+/// Bytes of buffers of [`LINED_FROM`] bytes or more that [`LineAligned`]
+/// holds: alive now, and the most alive at once since the last
+/// [`reset_lined_peak`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinedBytes {
+    /// Alive now.
+    pub live: usize,
+    /// The most alive at once since the last reset.
+    pub peak: usize,
+}
+
+/// What [`LineAligned`] holds now (all zero where it is not the global
+/// allocator).
+pub fn lined_bytes() -> LinedBytes {
+    LinedBytes {
+        live: LIVE.load(Ordering::Relaxed),
+        peak: PEAK.load(Ordering::Relaxed),
+    }
+}
+
+/// Starts a new high-water mark from what is alive now.
+pub fn reset_lined_peak() {
+    PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
 
 /// `System`, with buffers of [`LINED_FROM`] bytes or more on cache lines.
 #[derive(Debug, Default, Clone, Copy)]
@@ -129,7 +175,11 @@ unsafe fn allocate(layout: Layout, get: unsafe fn(&System, Layout) -> *mut u8) -
     // more.
     unsafe {
         let raw = get(&System, raw_layout);
-        if raw.is_null() { raw } else { place(raw) }
+        if raw.is_null() {
+            return raw;
+        }
+        grew(layout.size());
+        place(raw)
     }
 }
 
@@ -155,9 +205,12 @@ unsafe impl GlobalAlloc for LineAligned {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         match raw_layout(layout).filter(|_| lined(layout)) {
-            // SAFETY: `ptr` came from `alloc` with this layout: placed in
-            // a `System` block of `raw_layout`.
-            Some(raw_layout) => unsafe { System.dealloc(raw_of(ptr), raw_layout) },
+            Some(raw_layout) => {
+                shrank(layout.size());
+                // SAFETY: `ptr` came from `alloc` with this layout: placed
+                // in a `System` block of `raw_layout`.
+                unsafe { System.dealloc(raw_of(ptr), raw_layout) }
+            }
             // SAFETY: `System`'s block of this layout.
             None => unsafe { System.dealloc(ptr, layout) },
         }
@@ -187,6 +240,8 @@ unsafe impl GlobalAlloc for LineAligned {
                     if raw.is_null() {
                         return raw;
                     }
+                    shrank(layout.size());
+                    grew(new_size);
                     replace(raw, old_offset, layout.size().min(new_size))
                 }
             }

@@ -85,7 +85,7 @@ pub use cross_entropy::{
 };
 pub use embedding::{composed_embedding, embedding};
 pub use host_op::UnsupportedTensor;
-pub use line_alloc::{LINED_FROM, LineAligned};
+pub use line_alloc::{LINED_FROM, LineAligned, LinedBytes, lined_bytes, reset_lined_peak};
 #[cfg(feature = "cube")]
 pub use linear::F16_TARGET;
 pub(crate) use linear::round_tensor;

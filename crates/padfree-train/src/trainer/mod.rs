@@ -27,6 +27,7 @@
 mod course;
 mod evaluation;
 mod identity;
+mod memory_trace;
 mod observer;
 mod preflight;
 mod progress;

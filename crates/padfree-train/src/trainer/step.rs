@@ -14,6 +14,7 @@ use padfree_model::{DropoutDraw, LlamaModel};
 use padfree_pack::{Example, ExampleSet, PackError};
 
 use super::identity::Fnv1a;
+use super::memory_trace::mark;
 use crate::AttentionMode;
 use crate::collate::Collated;
 use crate::comm::Communicator;
@@ -60,15 +61,30 @@ impl Engine {
     /// The optimizer over `model`'s trained values (sharded for ZeRO-1),
     /// and the model with its bf16 copies when `config` asks for bf16.
     pub(super) fn new(
-        model: LlamaModel,
+        mut model: LlamaModel,
         config: &TrainConfig,
         comm: &dyn Communicator,
     ) -> Result<Self, TrainError> {
-        let params = model
-            .trainable()
-            .into_iter()
-            .map(|p| (p.name().to_owned(), p.value.clone().into_vec()))
-            .collect();
+        let on_cpu = model.on_cpu();
+        let device = model.device().clone();
+        let (mut params, mut shapes) = (Vec::new(), Vec::new());
+        for param in model.trainable_mut() {
+            let name = param.name().to_owned();
+            shapes.push(param.value.dims());
+            // On the CPU the optimizer's master values are the model's
+            // weights, lent back and forth without a copy; a copy made here
+            // and kept by the model until the first update held every
+            // trained weight twice through step 1, whose peak was the run's
+            // (SmolLM2-135M: 513 MiB more than every later step). On a GPU
+            // the host values are a copy of the device's by design.
+            let values = if on_cpu {
+                let placeholder = float_tensor(Vec::new(), [0, 0], &device);
+                std::mem::replace(&mut param.value, placeholder).into_vec()
+            } else {
+                param.value.clone().into_vec()
+            };
+            params.push((name, values));
+        }
         let mut optimizer = AdamW::new(
             params,
             config.adam_beta1,
@@ -76,6 +92,12 @@ impl Engine {
             config.adam_epsilon,
             config.weight_decay,
         );
+        if on_cpu {
+            for (index, param) in model.trainable_mut().into_iter().enumerate() {
+                let values = optimizer.lend_values(index);
+                param.value = trainable(float_tensor(values, shapes[index], &device));
+            }
+        }
         // bf16 copies of the weights from here on, remade after every update.
         let model = model.with_precision(config.precision)?;
         if config.zero_stage == 1 && comm.world_size() > 1 {
@@ -208,6 +230,7 @@ impl Engine {
             };
             loss_sum += pass.loss_sum;
             fed_tokens += pass.fed_tokens;
+            mark("gradients taken");
         }
         self.model.set_lora_dropout(None);
         let device = self.model.device().clone().inner();
@@ -280,6 +303,7 @@ impl Engine {
                         copies.as_deref_mut().unwrap_or_default(),
                     );
                 });
+                mark("update");
                 drop(copies);
                 drop(grads);
                 if sharded {
@@ -289,6 +313,7 @@ impl Engine {
                     exchange_seconds += gathering.elapsed().as_secs_f64();
                 }
                 self.load_optimizer_values(&shapes);
+                mark("values back");
                 if !copies_written {
                     self.model.refresh_bf16_weights();
                 }
@@ -425,6 +450,7 @@ fn forward_backward(
     grads: &mut GradSums,
 ) -> Result<Pass, TrainError> {
     let collated = Collated::new(batch, attention)?;
+    mark("collated");
     let input = collated.input();
     let fed_tokens = input.input_ids().len();
     let trainable = model.trainable();
@@ -442,7 +468,9 @@ fn forward_backward(
     } else {
         let loss = model.loss_sum(&input)?;
         let value = loss.value();
+        mark("forward");
         let mut gradients = backward(&loss.sum.div_scalar(divisor));
+        mark("backward");
         // Taken out of the container, each gradient is its buffer's only
         // owner and reaches the sums without a copy.
         for (index, param) in trainable.iter().enumerate() {
