@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_model::check::Fault;
-use padfree_model::memory::training_memory;
+use padfree_model::memory::{StepSettings, training_memory};
 use padfree_train::outputs::{
     LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, check_free_space, check_output_dir_outside,
     lock_output_dir, prepare_output_dir,
@@ -389,8 +389,11 @@ fn check_step_memory(
         model.lora_config(),
         tokens,
         label_tokens,
-        checkpointing,
-        config.precision,
+        StepSettings {
+            checkpointing,
+            precision: config.precision,
+            on_cpu: model.on_cpu(),
+        },
     );
     let gib = |bytes: u64| bytes as f64 / 1073741824.0;
     say!(

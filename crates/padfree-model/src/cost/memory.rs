@@ -1,28 +1,30 @@
 //! What a training step holds, estimated before anything is loaded: the
 //! weights as held (f32, or GGUF blocks for QLoRA's base), the training
-//! state of what trains (a host master copy, the gradient sums and AdamW's
-//! two moments: 16 bytes a value, plus the value itself on the device), and
+//! state of what trains (the gradient sums and AdamW's two moments: 12
+//! bytes a value; on a GPU a host master copy too, 16, the weights being
+//! the device's; on the CPU the master copy is the weights), and
 //! the activations the autodiff graph keeps for the largest micro-batch.
 //!
 //! The activations are counted from what padfree's layers keep for their
 //! backward passes, per token and decoder layer, in f32: the inputs of both
-//! RMSNorms and of the projections they feed (`3C`), queries and keys
-//! before and after RoPE and the values (`5HD`-ish: `2(HD + HkvD)` for RoPE
-//! plus `HD + 2HkvD` for the attention kernel, and its `HD` output, which is
-//! also `o_proj`'s input), gate, up and their product (`3I`), and per LoRA
-//! adapter its two `r`-wide products. The LM head and its loss are one op
-//! (`kernels/cross_entropy/head.rs`) that holds one chunk of logits
-//! (`HEAD_CHUNK_BYTES`) while it runs and keeps the gradients it made with
-//! them: the hidden state's (`C` per label) and, when the head trains,
-//! the head's (`V x C`), never `[K, V]` logits. With per-layer gradient
-//! checkpointing (`model/checkpointing.rs`) the step keeps each layer's
-//! input (`C` per token and layer, `L + 1` of them), one layer's
+//! RMSNorms and their outputs, which the projections they feed keep
+//! (`4C`); a Qwen3's per-head norms' inputs (`HD + HkvD`; RoPE keeps
+//! nothing, its backward pass is a rotation back); the attention kernel's
+//! q, k, v and output (`2HD + 2HkvD`, the output also `o_proj`'s input);
+//! gate and up (`2I`: SwiGLU runs in one op with `down_proj` and keeps no
+//! output, `kernels/swiglu/down.rs`; `3I` where LoRA adapts `down_proj`);
+//! and per LoRA adapter its two `r`-wide products. The LM head and its
+//! loss are one op (`kernels/cross_entropy/head.rs`) that holds one chunk
+//! of logits (`HEAD_CHUNK_BYTES`) while it runs and keeps the gradients it
+//! made with them: the hidden state's (`C` per label) and, when the head
+//! trains, the head's (`V x C`), never `[K, V]` logits. With per-layer
+//! gradient checkpointing (`model/checkpointing.rs`) the step keeps each
+//! layer's input (`C` per token and layer, `L + 1` of them), one layer's
 //! activations and the upstream gradient at a time, and the head's op on
-//! one chunk of labelled rows. Under `--bf16` SwiGLU keeps gate and up as bf16 and
-//! `down_proj` its input, so the MLP's `3I` count as `3I/2`, and the
-//! attention kernel its inputs and output (`o_proj` the output), so their
-//! `3HD + 2HkvD` count half; the weights' bf16 copies are counted with the
-//! weights. Figures measured against it
+//! one chunk of labelled rows. Under `--bf16` the MLP's values are bf16
+//! and the attention kernel keeps its inputs and output as bf16 (`o_proj`
+//! a bf16 copy of the output), so they count half; the weights' bf16
+//! copies are counted with the weights. Figures measured against it
 //! are in docs/benchmarks/2026-12-01-lora.md.
 //!
 //! # Shapes
@@ -30,7 +32,7 @@
 //! `V` vocabulary, `r` LoRA rank.
 
 use crate::config::LlamaConfig;
-use crate::lora::LoraConfig;
+use crate::lora::{LoraConfig, LoraTarget};
 use crate::precision::Precision;
 
 /// Bytes a training step needs, by part.
@@ -52,9 +54,13 @@ impl MemoryEstimate {
 }
 
 /// f32 values (or their bytes' worth) kept per token and decoder layer
-/// (see the module docs); under `--bf16` SwiGLU keeps gate and up, and
-/// `down_proj` its input, as bf16: `3I/2` instead of `3I`; the attention
-/// kernel keeps q, k, v and its output, and `o_proj` that output, as bf16.
+/// (see the module docs): both RMSNorms' inputs and outputs (`4C`), a
+/// Qwen3's per-head norms' inputs, the attention kernel's q, k, v and
+/// output (`o_proj`'s input, the same tensor in f32), and the MLP's gate
+/// and up (and SwiGLU's output where LoRA adapts `down_proj`, which then
+/// keeps it), plus each adapter's two `r`-wide products. Under `--bf16`
+/// the attention kernel keeps q, k, v and its output as bf16 and `o_proj`
+/// its own bf16 copy of the output, and the MLP's values are bf16.
 pub fn activation_floats_per_token_layer(
     config: &LlamaConfig,
     lora: Option<&LoraConfig>,
@@ -65,31 +71,60 @@ pub fn activation_floats_per_token_layer(
     let kv = (config.num_key_value_heads * config.head_dim) as u64;
     let i = config.intermediate_size as u64;
     let adapters = lora.map_or(0, |lora| 2 * lora.r as u64 * lora.targets.len() as u64);
-    // The attention kernel's inputs and output, and o_proj's input (the
-    // same output): bf16 under `--bf16` (`kernels/attention/bf16.rs`).
-    let attention = (q + 2 * kv) + 2 * q;
+    let qk_norms = if config.qk_norm { q + kv } else { 0 };
+    // SwiGLU and a dense `down_proj` are one op that keeps gate and up only
+    // (`kernels/swiglu/down.rs`); an adapted `down_proj` keeps its input.
+    let adapted_down = lora.is_some_and(|lora| lora.targets.contains(&LoraTarget::DownProj));
+    let mlp = if adapted_down { 3 * i } else { 2 * i };
     let (mlp, attention) = match precision {
-        Precision::F32 => (3 * i, attention),
-        Precision::Bf16 => ((3 * i).div_ceil(2), attention.div_ceil(2)),
+        Precision::F32 => (mlp, (q + 2 * kv) + q),
+        Precision::Bf16 => (mlp.div_ceil(2), ((q + 2 * kv) + 2 * q).div_ceil(2)),
     };
-    3 * c + 2 * (q + kv) + attention + mlp + adapters
+    4 * c + qk_norms + attention + mlp + adapters
+}
+
+/// How a step runs, as far as what it holds goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepSettings {
+    /// Per-layer gradient checkpointing.
+    pub checkpointing: bool,
+    /// What the matmuls compute in (the weights' bf16 copies are part of
+    /// the weights' bytes).
+    pub precision: Precision,
+    /// On the CPU the optimizer's master copy is the model's weights (lent
+    /// to it, `padfree-train`'s `Engine`); on a GPU it is a host copy
+    /// beside the device's.
+    pub on_cpu: bool,
+}
+
+impl StepSettings {
+    /// f32 on the CPU, no checkpointing.
+    pub fn cpu(precision: Precision) -> Self {
+        Self {
+            checkpointing: false,
+            precision,
+            on_cpu: true,
+        }
+    }
 }
 
 /// The estimate for training `config` on micro-batches of at most `tokens`
 /// tokens (pads included) of which at most `label_tokens` carry a label.
 /// `weight_bytes`: the weights as they will be held (4 bytes a value, or
-/// the GGUF blocks of a quantized base). `checkpointing`: per-layer
-/// gradient checkpointing. `precision`: what the matmuls compute in (the
-/// weights' bf16 copies are part of `weight_bytes`).
+/// the GGUF blocks of a quantized base, and the bf16 copies).
 pub fn training_memory(
     config: &LlamaConfig,
     weight_bytes: u64,
     lora: Option<&LoraConfig>,
     tokens: usize,
     label_tokens: usize,
-    checkpointing: bool,
-    precision: Precision,
+    settings: StepSettings,
 ) -> MemoryEstimate {
+    let StepSettings {
+        checkpointing,
+        precision,
+        on_cpu,
+    } = settings;
     let trained = match lora {
         Some(lora) => lora.num_parameters(config),
         None => config.num_parameters(),
@@ -104,7 +139,13 @@ pub fn training_memory(
     let chunk = (crate::loss::HEAD_CHUNK_BYTES as u64 / (4 * vocab.max(1))).max(1);
     // LoRA trains nothing outside the layers: a frozen head makes no `dW`.
     let head_gradient = if lora.is_none() { vocab * hidden } else { 0 };
-    let head = |rows: u64| rows * hidden + chunk.min(rows) * vocab + head_gradient;
+    // Under `--bf16` the head's weight is packed twice (as `W^T` for the
+    // logits and `W` for `dx`) while its chunks run, 2 bytes a value each.
+    let head_packs = match precision {
+        Precision::F32 => 0,
+        Precision::Bf16 => vocab * hidden,
+    };
+    let head = |rows: u64| rows * hidden + chunk.min(rows) * vocab + head_gradient + head_packs;
     let lora_values = if lora.is_some() { 4 * trained } else { 0 };
     let floats = if checkpointing {
         // Inputs of every layer and the final norm, one layer's activations,
@@ -118,7 +159,8 @@ pub fn training_memory(
     };
     MemoryEstimate {
         weights: weight_bytes + lora_values,
-        training_state: 16 * trained,
+        // Gradient sums and two moments, and on a GPU the host master copy.
+        training_state: if on_cpu { 12 } else { 16 } * trained,
         activations: 4 * floats,
     }
 }
@@ -137,8 +179,7 @@ mod tests {
             None,
             2048,
             1024,
-            false,
-            Precision::F32,
+            StepSettings::cpu(Precision::F32),
         );
         let lora = LoraConfig {
             targets: LoraTarget::ALL.to_vec(),
@@ -150,30 +191,71 @@ mod tests {
             Some(&lora),
             2048,
             1024,
-            false,
-            Precision::F32,
+            StepSettings::cpu(Precision::F32),
         );
-        assert_eq!(full.training_state, 16 * config.num_parameters() as u64);
+        assert_eq!(full.training_state, 12 * config.num_parameters() as u64);
+        let on_a_gpu = StepSettings {
+            on_cpu: false,
+            ..StepSettings::cpu(Precision::F32)
+        };
+        let gpu = training_memory(&config, 0, None, 2048, 1024, on_a_gpu);
+        assert_eq!(gpu.training_state, 16 * config.num_parameters() as u64);
         assert!(adapted.training_state * 20 < full.training_state);
-        // The adapters' products are a few percent of a layer's activations;
-        // the frozen head makes no `V x C` gradient.
+        // Each adapter keeps its two `r`-wide products, an adapted
+        // `down_proj` SwiGLU's output too; the frozen head makes no `V x C`
+        // gradient.
         let head_gradient = 4 * (config.vocab_size * config.hidden_size) as u64;
-        assert!(adapted.activations + head_gradient > full.activations);
-        assert!(adapted.activations + head_gradient < full.activations + full.activations / 10);
+        let per_token_layer =
+            2 * lora.r as u64 * lora.targets.len() as u64 + config.intermediate_size as u64;
+        assert_eq!(
+            adapted.activations + head_gradient - full.activations,
+            4 * 2048 * config.num_hidden_layers as u64 * per_token_layer
+        );
+        assert!(adapted.activations + head_gradient < full.activations + full.activations / 4);
     }
 
-    /// bf16 keeps the MLP's three `[T, I]` activations, and the attention
-    /// kernel's q, k, v and output (twice: o_proj's input), in half the bytes.
+    /// What a layer keeps per token: norms `4C`, the attention kernel's
+    /// q, k, v and output (shared with `o_proj` in f32; under bf16 each
+    /// keeps its own bf16 copy of it), gate and up; a Qwen3's per-head
+    /// norms their inputs; an adapted `down_proj` SwiGLU's output too.
     #[test]
-    fn bf16_halves_the_mlp_and_attention_activations() {
+    fn a_layer_keeps_norms_attention_and_gate_and_up() {
         let config = LlamaConfig::medium();
-        let count = |p| activation_floats_per_token_layer(&config, None, p);
+        let count = |config: &LlamaConfig, lora: Option<&LoraConfig>, p| {
+            activation_floats_per_token_layer(config, lora, p)
+        };
+        let c = config.hidden_size as u64;
         let i = config.intermediate_size as u64;
         let q = (config.num_attention_heads * config.head_dim) as u64;
         let kv = (config.num_key_value_heads * config.head_dim) as u64;
         assert_eq!(
-            count(Precision::F32) - count(Precision::Bf16),
-            3 * i / 2 + (3 * q + 2 * kv) / 2
+            count(&config, None, Precision::F32),
+            4 * c + (2 * q + 2 * kv) + 2 * i
+        );
+        assert_eq!(
+            count(&config, None, Precision::Bf16),
+            4 * c + (3 * q + 2 * kv) / 2 + i
+        );
+        let qwen3 = LlamaConfig {
+            qk_norm: true,
+            ..config.clone()
+        };
+        assert_eq!(
+            count(&qwen3, None, Precision::F32) - count(&config, None, Precision::F32),
+            q + kv
+        );
+        let down = |targets: Vec<LoraTarget>| LoraConfig {
+            targets,
+            ..LoraConfig::trl_defaults()
+        };
+        let (with, without) = (
+            down(vec![LoraTarget::DownProj]),
+            down(vec![LoraTarget::UpProj]),
+        );
+        assert_eq!(
+            count(&config, Some(&with), Precision::F32)
+                - count(&config, Some(&without), Precision::F32),
+            i
         );
     }
 
@@ -186,13 +268,28 @@ mod tests {
         let (c, v) = (config.hidden_size as u64, config.vocab_size as u64);
         let chunk = (crate::loss::HEAD_CHUNK_BYTES as u64 / (4 * v)) as usize;
         let at = |labels: usize| {
-            training_memory(&config, 0, None, 4096, labels, false, Precision::F32).activations
+            training_memory(
+                &config,
+                0,
+                None,
+                4096,
+                labels,
+                StepSettings::cpu(Precision::F32),
+            )
+            .activations
         };
         assert_eq!(at(2 * chunk) - at(chunk), 4 * chunk as u64 * c);
         let lora = LoraConfig::trl_defaults();
         let adapted = |labels: usize| {
-            training_memory(&config, 0, Some(&lora), 4096, labels, false, Precision::F32)
-                .activations
+            training_memory(
+                &config,
+                0,
+                Some(&lora),
+                4096,
+                labels,
+                StepSettings::cpu(Precision::F32),
+            )
+            .activations
         };
         let lora_activations = 4
             * 4096
@@ -211,7 +308,18 @@ mod tests {
                 num_hidden_layers: layers,
                 ..config.clone()
             };
-            training_memory(&config, 0, None, 2048, 1024, checkpointing, Precision::F32).activations
+            training_memory(
+                &config,
+                0,
+                None,
+                2048,
+                1024,
+                StepSettings {
+                    checkpointing,
+                    ..StepSettings::cpu(Precision::F32)
+                },
+            )
+            .activations
         };
         let (kept, recomputed) = (estimate(24, false), estimate(24, true));
         assert!(recomputed * 4 < kept, "{recomputed} vs {kept}");

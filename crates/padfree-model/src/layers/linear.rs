@@ -5,8 +5,8 @@ use half::bf16;
 use crate::error::ModelError;
 use crate::kernels::{
     LoraCopies, LoraLayer, Weight16, bf16_linear, bf16_linear_storing_input, bf16_lora_linear,
-    bf16_quant_linear, composed_quant_linear, fused_linear, half_linear, half_lora_linear,
-    lora_linear, on_cpu, quant_linear,
+    bf16_quant_linear, bf16_swiglu, bf16_swiglu_down, composed_quant_linear, fused_linear,
+    half_linear, half_lora_linear, lora_linear, on_cpu, quant_linear, swiglu, swiglu_down,
 };
 use crate::lora::Adapter;
 use crate::precision::HalfFloat;
@@ -133,6 +133,33 @@ impl<'a> Linear<'a> {
             )?);
         }
         self.forward(x)
+    }
+
+    /// `silu(gate) * up` through this layer (the MLP's `down_proj`):
+    /// `[N, I]`, `[N, I]` -> `[N, O]`. A dense layer without an adapter
+    /// on the CPU runs both as one op that keeps `gate` and `up` but not
+    /// SwiGLU's output (`kernels/swiglu/down.rs`, the same bits); anywhere
+    /// else SwiGLU runs first, under `--bf16` keeping its inputs as bf16
+    /// and this layer its input.
+    pub fn forward_after_swiglu(
+        &self,
+        gate: Tensor<2>,
+        up: Tensor<2>,
+    ) -> Result<Tensor<2>, ModelError> {
+        let dense = self.adapter.is_none() && self.quantized.is_none();
+        if dense && self.device_copy.is_none() && on_cpu(&gate.device()) {
+            let w = self.weight.value.clone();
+            return Ok(if self.bf16 {
+                bf16_swiglu_down(gate, up, w, self.weight16())?
+            } else {
+                swiglu_down(gate, up, w)?
+            });
+        }
+        if self.bf16 && self.device_copy.is_none() {
+            return self.forward_storing_input(bf16_swiglu(gate, up)?);
+        }
+        // On a GPU under `--bf16` the layer keeps its input as 16-bit itself.
+        self.forward(swiglu(gate, up)?)
     }
 
     /// `x W^T (+ the adapter's update)`: `[N, C] -> [N, O]`.

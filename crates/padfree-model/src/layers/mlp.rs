@@ -1,6 +1,5 @@
 use super::linear::Linear;
 use crate::error::ModelError;
-use crate::kernels::{bf16_swiglu, swiglu};
 use crate::tensor::Tensor;
 
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
@@ -15,8 +14,8 @@ pub struct Mlp<'a> {
 }
 
 impl Mlp<'_> {
-    /// `[N, C] -> [N, C]`; the gate through the fused kernel
-    /// (`kernels/swiglu.rs`).
+    /// `[N, C] -> [N, C]`; the gate through the fused kernel, on the CPU
+    /// in one op with `down_proj` (`kernels/swiglu/`).
     pub fn forward(&self, x: Tensor<2>) -> Result<Tensor<2>, ModelError> {
         // On a GPU under `--bf16` gate and up share one 16-bit copy of `x`
         // (not with LoRA adapters, which read it in f32).
@@ -26,14 +25,6 @@ impl Mlp<'_> {
         };
         let gate = self.gate_proj.forward(x.clone())?;
         let up = self.up_proj.forward(x)?;
-        if self.down_proj.device_half().is_some() {
-            // On a GPU the down projection keeps its input as 16-bit itself.
-            return self.down_proj.forward(swiglu(gate, up)?);
-        }
-        if self.down_proj.is_bf16() {
-            // gate and up kept as bf16 by SwiGLU, its output by down_proj.
-            return self.down_proj.forward_storing_input(bf16_swiglu(gate, up)?);
-        }
-        self.down_proj.forward(swiglu(gate, up)?)
+        self.down_proj.forward_after_swiglu(gate, up)
     }
 }

@@ -81,22 +81,65 @@ fn bf16_op<const STORES_INPUT: bool>(
     w: Tensor<2>,
     weight16: Weight16,
 ) -> Result<Tensor<2>, UnsupportedTensor> {
-    let [o, c] = w.dims();
-    assert!(
-        weight16.holds(o * c),
-        "bf16 linear: weight copy of another shape"
-    );
     if !is_cpu(&x.device()) {
         return Err(UnsupportedTensor(
             "bf16 matmuls run on the CPU only in this build".into(),
         ));
     }
-    // The op that keeps no input reads the master weight from a handle
-    // of its own in the backward pass (the model holds the weight anyway).
-    let master = (STORES_INPUT && matches!(weight16, Weight16::Master)).then(|| w.clone().detach());
+    let master = master_handle(&w, &weight16).filter(|_| STORES_INPUT);
     let op =
         Bf16Linear::<STORES_INPUT>::new(weight16, master, gemm_bf16::rounds_shared_operands_once());
     apply::<_, 2, 2, 2>(op, [x, w])
+}
+
+/// A handle on the master weight `w` (`[O, C]`) for an op that keeps no
+/// input and reads the weight rounded (`Weight16::Master`, no copy) in its
+/// backward pass; the model holds the weight anyway.
+///
+/// # Panics
+/// When `weight16` does not hold `O * C` values (a bug in the caller).
+pub(crate) fn master_handle(w: &Tensor<2>, weight16: &Weight16) -> Option<Tensor<2>> {
+    let [o, c] = w.dims();
+    assert!(
+        weight16.holds(o * c),
+        "bf16 product: weight copy of another shape"
+    );
+    matches!(weight16, Weight16::Master).then(|| w.clone().detach())
+}
+
+/// `dy` (`[N, O]`) as a backward pass's bf16 products read it: rounded
+/// once into `buffer` where both of them (`both`) read it and the body
+/// would widen it for each.
+pub(crate) fn bf16_dy<'a>(
+    d_out: &'a [f32],
+    [n, o]: [usize; 2],
+    both: bool,
+    buffer: &'a mut Vec<f32>,
+) -> View16<'a> {
+    if both && gemm_bf16::rounds_shared_operands_once() {
+        *buffer = rounded_copy(d_out);
+        View16::rounded(buffer, n, o)
+    } else {
+        View16::f32(d_out, n, o)
+    }
+}
+
+/// `dx = dy W` with `W` (`[O, C]`) from its bf16 copy, or the master
+/// weight rounded: `master`'s values where the op keeps no input, else
+/// `w` (the kept input's values).
+pub(crate) fn bf16_dx(
+    dy: View16<'_>,
+    weight16: &Weight16,
+    master: Option<&Tensor<2>>,
+    w: &[f32],
+    [o, c]: [usize; 2],
+) -> Vec<f32> {
+    match master {
+        Some(master) => with_host_values(master.clone(), |w| {
+            gemm_bf16::product(dy, View16::f32(w, o, c))
+        }),
+        None => gemm_bf16::product(dy, weight16.view(w, o, c)),
+    }
 }
 
 /// The oracle of [`bf16_linear`]: burn's f32 matmul of the bf16-rounded
@@ -240,22 +283,10 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
         needed: [bool; 2],
     ) -> [Vec<f32>; 2] {
         let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
-        // `dy` rounded once for both products where the body would widen
-        // it for each.
-        let shared;
-        let dy = if needed == [true, true] && gemm_bf16::rounds_shared_operands_once() {
-            shared = rounded_copy(d_out);
-            View16::rounded(&shared, n, o)
-        } else {
-            View16::f32(d_out, n, o)
-        };
+        let mut shared = Vec::new();
+        let dy = bf16_dy(d_out, [n, o], needed == [true, true], &mut shared);
         let dx = if needed[0] {
-            match &self.master {
-                Some(master) => with_host_values(master.clone(), |w| {
-                    gemm_bf16::product(dy, View16::f32(w, o, c))
-                }),
-                None => gemm_bf16::product(dy, self.weight16.view(w.values, o, c)),
-            }
+            bf16_dx(dy, &self.weight16, self.master.as_ref(), w.values, [o, c])
         } else {
             Vec::new()
         };

@@ -1,7 +1,8 @@
 //! Fused SwiGLU gate on host slices: `silu(gate) * up`, forward and
 //! backward in one pass each (composed from tensor ops: sigmoid, two
 //! products, and about twice as many passes backward), chunks over threads;
-//! a CubeCL body for GPUs in `cube.rs`. Outputs go into buffers never
+//! a CubeCL body for GPUs in `cube.rs`, and the op that runs it with the
+//! MLP's `down_proj` on the CPU in `down.rs`. Outputs go into buffers never
 //! zeroed first (`fresh.rs`), this module's only `unsafe`.
 //!
 //! # Shapes
@@ -11,7 +12,7 @@
 use burn::tensor::Tensor;
 
 use super::attention::is_cpu;
-use super::bf16::{load, round_in_place, store};
+use super::bf16::{load, rounded, store};
 use super::fresh::fresh;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
 use super::simd;
@@ -19,6 +20,9 @@ use rayon::prelude::*;
 
 #[cfg(feature = "cube")]
 mod cube;
+mod down;
+
+pub use down::{bf16_swiglu_down, swiglu_down};
 
 // ---- the differentiable burn op ----
 
@@ -98,8 +102,7 @@ impl HostOp<2> for Bf16SwiGlu {
     const KEEPS_INPUTS: bool = false;
 
     fn forward(&self, [gate, up]: [HostTensor<'_>; 2]) -> HostOutput {
-        let mut values = forward(gate.values, up.values);
-        round_in_place(&mut values);
+        let values = forward_rounded(gate.values, up.values);
         let mut saved = store(gate.values);
         saved.extend(store(up.values));
         HostOutput {
@@ -136,6 +139,17 @@ fn sigmoid(x: f32) -> f32 {
 
 /// `silu(gate) * up`, `silu(g) = g * sigmoid(g)`.
 pub fn forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    forward_with::<false>(gate, up)
+}
+
+/// [`forward`]'s values rounded to bf16 in the same pass (`--bf16`'s
+/// SwiGLU output): the same bits as rounding them afterwards, one pass
+/// over `[N, I]` fewer.
+pub(crate) fn forward_rounded(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    forward_with::<true>(gate, up)
+}
+
+fn forward_with<const ROUNDS: bool>(gate: &[f32], up: &[f32]) -> Vec<f32> {
     assert_eq!(gate.len(), up.len(), "swiglu: gate and up differ in length");
     // SAFETY: the output's chunks pair with equally long chunks of `gate`
     // and `up` (asserted: the same length), and each value is set.
@@ -151,7 +165,8 @@ pub fn forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
                         #[inline(always)]
                         || {
                             for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                                o.write(g * sigmoid(g) * u);
+                                let h = g * sigmoid(g) * u;
+                                o.write(if ROUNDS { rounded(h) } else { h });
                             }
                         },
                     );
