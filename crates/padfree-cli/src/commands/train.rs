@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use padfree_model::check::Fault;
+use padfree_model::kernels::SharedInput16;
 use padfree_model::memory::{StepSettings, training_memory};
 use padfree_train::outputs::{
     LOSS_PLOT_FILE, METRICS_FILE, RESULTS_FILE, check_free_space, check_output_dir_outside,
@@ -393,6 +394,7 @@ fn check_step_memory(
             checkpointing,
             precision: config.precision,
             on_cpu: model.on_cpu(),
+            shares_inputs: SharedInput16::for_packed_bodies().is_some(),
         },
     );
     let gib = |bytes: u64| bytes as f64 / 1073741824.0;

@@ -61,10 +61,15 @@ impl MemoryEstimate {
 /// keeps it), plus each adapter's two `r`-wide products. Under `--bf16`
 /// the attention kernel keeps q, k, v and its output as bf16 and `o_proj`
 /// its own bf16 copy of the output, and the MLP's values are bf16.
+///
+/// `shares_inputs`: under `--bf16` on the CPU with a packing body, each
+/// norm's output is kept once as bf16 by the projections that read it
+/// (`kernels::SharedInput16`), where none of them has an adapter.
 pub fn activation_floats_per_token_layer(
     config: &LlamaConfig,
     lora: Option<&LoraConfig>,
     precision: Precision,
+    shares_inputs: bool,
 ) -> u64 {
     let c = config.hidden_size as u64;
     let q = (config.num_attention_heads * config.head_dim) as u64;
@@ -80,7 +85,21 @@ pub fn activation_floats_per_token_layer(
         Precision::F32 => (mlp, (q + 2 * kv) + q),
         Precision::Bf16 => (mlp.div_ceil(2), ((q + 2 * kv) + 2 * q).div_ceil(2)),
     };
-    4 * c + qk_norms + attention + mlp + adapters
+    // Each norm's input (f32) and output (f32, or bf16 kept once).
+    let adapted = |targets: &[LoraTarget]| {
+        lora.is_some_and(|lora| targets.iter().any(|t| lora.targets.contains(t)))
+    };
+    let output = |readers: &[LoraTarget]| {
+        if shares_inputs && precision == Precision::Bf16 && !adapted(readers) {
+            c.div_ceil(2)
+        } else {
+            c
+        }
+    };
+    let norms = 2 * c
+        + output(&[LoraTarget::QProj, LoraTarget::KProj, LoraTarget::VProj])
+        + output(&[LoraTarget::GateProj, LoraTarget::UpProj]);
+    norms + qk_norms + attention + mlp + adapters
 }
 
 /// How a step runs, as far as what it holds goes.
@@ -95,6 +114,10 @@ pub struct StepSettings {
     /// to it, `padfree-train`'s `Engine`); on a GPU it is a host copy
     /// beside the device's.
     pub on_cpu: bool,
+    /// Under `--bf16` on the CPU, whether the products pack their operands
+    /// (`kernels::SharedInput16::for_packed_bodies`): the norms' outputs
+    /// are then kept as bf16.
+    pub shares_inputs: bool,
 }
 
 impl StepSettings {
@@ -104,6 +127,7 @@ impl StepSettings {
             checkpointing: false,
             precision,
             on_cpu: true,
+            shares_inputs: false,
         }
     }
 }
@@ -124,12 +148,14 @@ pub fn training_memory(
         checkpointing,
         precision,
         on_cpu,
+        shares_inputs,
     } = settings;
     let trained = match lora {
         Some(lora) => lora.num_parameters(config),
         None => config.num_parameters(),
     } as u64;
-    let per_token = activation_floats_per_token_layer(config, lora, precision);
+    let per_token =
+        activation_floats_per_token_layer(config, lora, precision, on_cpu && shares_inputs);
     let layers = config.num_hidden_layers as u64;
     let (vocab, hidden, tokens) = (
         config.vocab_size as u64,
@@ -222,7 +248,7 @@ mod tests {
     fn a_layer_keeps_norms_attention_and_gate_and_up() {
         let config = LlamaConfig::medium();
         let count = |config: &LlamaConfig, lora: Option<&LoraConfig>, p| {
-            activation_floats_per_token_layer(config, lora, p)
+            activation_floats_per_token_layer(config, lora, p, false)
         };
         let c = config.hidden_size as u64;
         let i = config.intermediate_size as u64;
@@ -235,6 +261,20 @@ mod tests {
         assert_eq!(
             count(&config, None, Precision::Bf16),
             4 * c + (3 * q + 2 * kv) / 2 + i
+        );
+        // Sharing each norm's output as bf16 (a packing body) keeps half
+        // of it, but not for a group of projections with an adapter.
+        let shared = |lora: Option<&LoraConfig>| {
+            activation_floats_per_token_layer(&config, lora, Precision::Bf16, true)
+        };
+        assert_eq!(count(&config, None, Precision::Bf16) - shared(None), c);
+        let on_q = LoraConfig {
+            targets: vec![LoraTarget::QProj],
+            ..LoraConfig::trl_defaults()
+        };
+        assert_eq!(
+            count(&config, Some(&on_q), Precision::Bf16) - shared(Some(&on_q)),
+            c / 2
         );
         let qwen3 = LlamaConfig {
             qk_norm: true,

@@ -90,8 +90,9 @@ pub use line_alloc::{LINED_FROM, LineAligned, LinedBytes, lined_bytes, reset_lin
 pub use linear::F16_TARGET;
 pub(crate) use linear::round_tensor;
 pub use linear::{
-    bf16_linear, bf16_linear_storing_input, composed_bf16_linear, composed_half_linear,
-    composed_linear, fused_linear, half_linear, round_to_half,
+    SharedInput16, bf16_linear, bf16_linear_sharing_input, bf16_linear_storing_input,
+    composed_bf16_linear, composed_half_linear, composed_linear, fused_linear, half_linear,
+    round_to_half,
 };
 pub use lora_linear::{
     LoraCopies, LoraFactors, LoraLayer, bf16_lora_linear, composed_bf16_lora_linear,

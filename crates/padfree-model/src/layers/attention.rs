@@ -1,11 +1,11 @@
 use padfree_pack::BatchMeta;
 
-use super::linear::Linear;
+use super::linear::{Linear, shared_input};
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use crate::error::ModelError;
 use crate::kernels::{
-    AttentionRows, CausalMasks, bf16_varlen_attention, composed_padded_attention,
+    AttentionRows, CausalMasks, SharedInput16, bf16_varlen_attention, composed_padded_attention,
     composed_varlen_attention, half_varlen_attention, round_tensor, round_to_half,
     varlen_attention,
 };
@@ -126,9 +126,11 @@ impl Attention<'_> {
             Some(half) => x.cast(half.dtype()),
             None => x,
         };
-        let q = project(x.clone(), &self.q_proj, self.q_bias)?;
-        let k = project(x.clone(), &self.k_proj, self.k_bias)?;
-        let v = project(x, &self.v_proj, self.v_bias)?.reshape([n, hkv, d]);
+        let shared = shared_input(&[&self.q_proj, &self.k_proj, &self.v_proj], &x);
+        let shared = shared.as_ref();
+        let q = project(x.clone(), &self.q_proj, self.q_bias, shared)?;
+        let k = project(x.clone(), &self.k_proj, self.k_bias, shared)?;
+        let v = project(x, &self.v_proj, self.v_bias, shared)?.reshape([n, hkv, d]);
         let q = rope.apply(per_head_norm(q, h, d, self.q_norm.as_ref())?)?;
         let k = rope.apply(per_head_norm(k, hkv, d, self.k_norm.as_ref())?)?;
         let bf16 = self.o_proj.is_bf16();
@@ -251,8 +253,9 @@ fn project(
     x: Tensor<2>,
     weight: &Linear<'_>,
     bias: Option<&Param>,
+    shared: Option<&SharedInput16>,
 ) -> Result<Tensor<2>, ModelError> {
-    let y = weight.forward(x)?;
+    let y = weight.forward_sharing_input(x, shared)?;
     Ok(match bias {
         Some(bias) => y + bias.value.clone(),
         None => y,

@@ -4,9 +4,10 @@ use half::bf16;
 
 use crate::error::ModelError;
 use crate::kernels::{
-    LoraCopies, LoraLayer, Weight16, bf16_linear, bf16_linear_storing_input, bf16_lora_linear,
-    bf16_quant_linear, bf16_swiglu, bf16_swiglu_down, composed_quant_linear, fused_linear,
-    half_linear, half_lora_linear, lora_linear, on_cpu, quant_linear, swiglu, swiglu_down,
+    LoraCopies, LoraLayer, SharedInput16, Weight16, bf16_linear, bf16_linear_sharing_input,
+    bf16_linear_storing_input, bf16_lora_linear, bf16_quant_linear, bf16_swiglu, bf16_swiglu_down,
+    composed_quant_linear, fused_linear, half_linear, half_lora_linear, lora_linear, on_cpu,
+    quant_linear, swiglu, swiglu_down,
 };
 use crate::lora::Adapter;
 use crate::precision::HalfFloat;
@@ -32,6 +33,19 @@ pub struct Linear<'a> {
     /// `--bf16` on a GPU: the dense weight's 16-bit copy on the device
     /// (bf16 or f16, `precision.rs`), used instead of `bf16_copy`.
     pub(crate) device_copy: Option<&'a Tensor<2>>,
+}
+
+/// One bf16 store of `x` for `readers` (the projections that read one
+/// norm's output) where every one of them reads only its rounding on the
+/// CPU and the products pack their operands (`kernels::SharedInput16`);
+/// `None` elsewhere.
+pub fn shared_input(readers: &[&Linear<'_>], x: &Tensor<2>) -> Option<SharedInput16> {
+    let all = readers.iter().all(|r| r.reads_only_rounded_input());
+    if all && on_cpu(&x.device()) {
+        SharedInput16::for_packed_bodies()
+    } else {
+        None
+    }
 }
 
 impl<'a> Linear<'a> {
@@ -133,6 +147,26 @@ impl<'a> Linear<'a> {
             )?);
         }
         self.forward(x)
+    }
+
+    /// [`Self::forward`] for an input that other layers read too, kept
+    /// once for all of them as bf16 through `shared` where this layer
+    /// reads only its rounding (`kernels::SharedInput16`; `None`: each
+    /// layer as [`Self::forward`]).
+    pub fn forward_sharing_input(
+        &self,
+        x: Tensor<2>,
+        shared: Option<&SharedInput16>,
+    ) -> Result<Tensor<2>, ModelError> {
+        match shared {
+            Some(shared) if self.reads_only_rounded_input() => Ok(bf16_linear_sharing_input(
+                x,
+                self.weight.value.clone(),
+                self.weight16(),
+                shared,
+            )?),
+            _ => self.forward(x),
+        }
     }
 
     /// `silu(gate) * up` through this layer (the MLP's `down_proj`):

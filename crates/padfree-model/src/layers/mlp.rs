@@ -1,4 +1,4 @@
-use super::linear::Linear;
+use super::linear::{Linear, shared_input};
 use crate::error::ModelError;
 use crate::tensor::Tensor;
 
@@ -23,8 +23,11 @@ impl Mlp<'_> {
             Some(half) => x.cast(half.dtype()),
             None => x,
         };
-        let gate = self.gate_proj.forward(x.clone())?;
-        let up = self.up_proj.forward(x)?;
+        let shared = shared_input(&[&self.gate_proj, &self.up_proj], &x);
+        let gate = self
+            .gate_proj
+            .forward_sharing_input(x.clone(), shared.as_ref())?;
+        let up = self.up_proj.forward_sharing_input(x, shared.as_ref())?;
         self.down_proj.forward_after_swiglu(gate, up)
     }
 }

@@ -10,12 +10,14 @@
 //! # Shapes
 //! `N` rows, `C` input width, `O` output width.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use half::bf16;
 
 use burn::tensor::FloatDType;
 
 use super::attention::is_cpu;
-use super::bf16::{load, round_in_place, rounded_copy, store};
+use super::bf16::{load, round_in_place, round_slice, rounded_copy, store};
 use super::gemm::{View, product};
 use super::gemm_bf16::{self, View16, Weight16};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
@@ -90,6 +92,129 @@ fn bf16_op<const STORES_INPUT: bool>(
     let op =
         Bf16Linear::<STORES_INPUT>::new(weight16, master, gemm_bf16::rounds_shared_operands_once());
     apply::<_, 2, 2, 2>(op, [x, w])
+}
+
+/// One input that several bf16 linear layers read (a norm's rounded
+/// output: q, k and v read one, gate and up another), kept once for all
+/// their backward passes, as bf16, by whichever of them runs first.
+/// Apart, each kept the f32 tensor (shared, 4 bytes a value); now nothing
+/// keeps it and the layers keep 2 bytes a value between them. Only where
+/// the products pack their operands (the AMX and `vdpbf16ps` bodies),
+/// which read the bf16 values as they are; the widened body would widen
+/// them again in every backward product, so there the layers keep the f32
+/// tensor, which it reads where it lies (as with the weights' copies).
+#[derive(Debug, Clone, Default)]
+pub struct SharedInput16(Arc<OnceLock<Vec<bf16>>>);
+
+impl SharedInput16 {
+    /// A handle for the readers of one input, or `None` where the body
+    /// widens its operands (see above).
+    pub fn for_packed_bodies() -> Option<Self> {
+        (!gemm_bf16::rounds_shared_operands_once()).then(Self::default)
+    }
+
+    /// The input as bf16, made from `x` (bf16 values) the first time.
+    fn stored(&self, x: &[f32]) -> &[bf16] {
+        self.0.get_or_init(|| round_slice(x))
+    }
+
+    /// Whether some reader has stored it.
+    pub fn is_stored(&self) -> bool {
+        self.0.get().is_some()
+    }
+}
+
+/// [`bf16_linear`] over an input other layers read too (`shared`, one
+/// handle for all of them): kept once, as bf16, for all their backward
+/// passes; the same output and gradients. `x` holds bf16 values (the
+/// rounded norm's output: storing it is then exact).
+pub fn bf16_linear_sharing_input(
+    x: Tensor<2>,
+    w: Tensor<2>,
+    weight16: Weight16,
+    shared: &SharedInput16,
+) -> Result<Tensor<2>, UnsupportedTensor> {
+    if !is_cpu(&x.device()) {
+        return Err(UnsupportedTensor(
+            "bf16 matmuls run on the CPU only in this build".into(),
+        ));
+    }
+    let master = master_handle(&w, &weight16);
+    let op = Bf16SharedLinear {
+        weight16,
+        master,
+        shared: shared.clone(),
+    };
+    apply::<_, 2, 2, 2>(op, [x, w])
+}
+
+/// The bf16 linear op over a [`SharedInput16`].
+#[derive(Debug, Clone)]
+struct Bf16SharedLinear {
+    weight16: Weight16,
+    master: Option<Tensor<2>>,
+    shared: SharedInput16,
+}
+
+impl HostOp<2> for Bf16SharedLinear {
+    /// Neither gradient reads the output.
+    const KEEPS_OUTPUT: bool = false;
+    /// `x` comes back from the shared store, `W` from its copy or master.
+    const KEEPS_INPUTS: bool = false;
+
+    fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {
+        let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
+        let stored = self.shared.stored(x.values);
+        assert_eq!(stored.len(), n * c, "a shared input of another shape");
+        let mut values = gemm_bf16::product(
+            View16::bf16(stored, n, c),
+            self.weight16.view(w.values, o, c).t(),
+        );
+        round_in_place(&mut values);
+        HostOutput {
+            values,
+            shape: vec![n, o],
+            saved: Vec::new(),
+        }
+    }
+
+    fn backward(
+        &self,
+        [x, w]: [HostTensor<'_>; 2],
+        _output: &[f32],
+        _saved: &[f32],
+        d_out: &[f32],
+        needed: [bool; 2],
+    ) -> [Vec<f32>; 2] {
+        let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
+        let weight = (&self.weight16, self.master.as_ref(), w.values);
+        bf16_gradients(d_out, [n, c, o], needed, weight, |dy| {
+            let stored = self.shared.0.get().expect("stored by the forward pass");
+            gemm_bf16::product(dy.t(), View16::bf16(stored, n, c))
+        })
+    }
+}
+
+/// Both gradients of a bf16 linear layer (`[N, C]` input, `[O, C]`
+/// weight): `dx = dy W` with `weight` = (its bf16 copy, or the master
+/// handle, or the kept master values), and `dW = dy^T x` from `dw`, given
+/// `dy` as the products read it (each only where `needed`).
+fn bf16_gradients(
+    d_out: &[f32],
+    [n, c, o]: [usize; 3],
+    needed: [bool; 2],
+    (weight16, master, w): (&Weight16, Option<&Tensor<2>>, &[f32]),
+    dw: impl FnOnce(View16<'_>) -> Vec<f32>,
+) -> [Vec<f32>; 2] {
+    let mut shared = Vec::new();
+    let dy = bf16_dy(d_out, [n, o], needed == [true, true], &mut shared);
+    let dx = if needed[0] {
+        bf16_dx(dy, weight16, master, w, [o, c])
+    } else {
+        Vec::new()
+    };
+    let dw = if needed[1] { dw(dy) } else { Vec::new() };
+    [dx, dw]
 }
 
 /// A handle on the master weight `w` (`[O, C]`) for an op that keeps no
@@ -283,14 +408,8 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
         needed: [bool; 2],
     ) -> [Vec<f32>; 2] {
         let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
-        let mut shared = Vec::new();
-        let dy = bf16_dy(d_out, [n, o], needed == [true, true], &mut shared);
-        let dx = if needed[0] {
-            bf16_dx(dy, &self.weight16, self.master.as_ref(), w.values, [o, c])
-        } else {
-            Vec::new()
-        };
-        let dw = if needed[1] {
+        let weight = (&self.weight16, self.master.as_ref(), w.values);
+        bf16_gradients(d_out, [n, c, o], needed, weight, |dy| {
             let loaded;
             let x_view = if STORES_INPUT {
                 // Stored as bf16: its widened values are rounded already.
@@ -302,10 +421,7 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
                 View16::f32(x.values, n, c)
             };
             gemm_bf16::product(dy.t(), x_view)
-        } else {
-            Vec::new()
-        };
-        [dx, dw]
+        })
     }
 }
 
@@ -462,6 +578,62 @@ mod tests {
             .into_vec();
             if c > 3 {
                 assert_ne!(ours.0, f32_y, "bf16 rounding must show");
+            }
+        }
+    }
+
+    /// Three bf16 layers over one input (q, k and v over a norm's rounded
+    /// output), sharing one bf16 store of it or each keeping the f32
+    /// tensor: the same outputs and gradients bit for bit (the input's and
+    /// every weight's, from copies and from the master weights), and the
+    /// store made once, by the first of them.
+    #[test]
+    fn layers_sharing_one_stored_input_are_the_layers_apart() {
+        use crate::kernels::bf16::{round_slice, rounded};
+        let device = cpu_device(true);
+        let (n, c) = (53, 40);
+        let outs = [24, 8, 8];
+        let x0: Vec<f32> = random(n * c, 21).into_iter().map(rounded).collect();
+        let w0: Vec<Vec<f32>> = (0..3).map(|k| random(outs[k] * c, 22 + k as u64)).collect();
+        let run = |sharing: bool, from_copy: bool| {
+            let x = trainable(float_tensor(x0.clone(), [n, c], &device));
+            let shared = SharedInput16::default();
+            let mut loss = None;
+            let mut ws = Vec::new();
+            for (k, &o) in outs.iter().enumerate() {
+                let w = trainable(float_tensor(w0[k].clone(), [o, c], &device));
+                let weight16 = if from_copy {
+                    Weight16::Copy(round_slice(&w0[k]).into())
+                } else {
+                    Weight16::Master
+                };
+                let y = if sharing {
+                    bf16_linear_sharing_input(x.clone(), w.clone(), weight16, &shared)
+                } else {
+                    bf16_linear(x.clone(), w.clone(), weight16)
+                }
+                .expect("f32 on the CPU");
+                assert_eq!(shared.is_stored(), sharing, "stored by the first reader");
+                let dy = float_tensor(random(n * o, 30 + k as u64), [n, o], &device);
+                let term = (y * dy).sum();
+                loss = Some(match loss {
+                    Some(sum) => sum + term,
+                    None => term,
+                });
+                ws.push(w);
+            }
+            let grads = backward(&loss.expect("three layers"));
+            let mut out = vec![grad(&x, &grads).expect("dx").into_vec()];
+            out.extend(ws.iter().map(|w| grad(w, &grads).expect("dW").into_vec()));
+            out
+        };
+        for from_copy in [true, false] {
+            let (ours, theirs) = (run(true, from_copy), run(false, from_copy));
+            for (at, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                assert_eq!(
+                    a, b,
+                    "gradient {at} (0: the input), from the copy {from_copy}"
+                );
             }
         }
     }
