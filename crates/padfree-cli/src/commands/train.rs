@@ -395,6 +395,7 @@ fn check_step_memory(
             precision: config.precision,
             on_cpu: model.on_cpu(),
             shares_inputs: SharedInput16::for_packed_bodies().is_some(),
+            quantized_base: model.is_quantized(),
         },
     );
     let gib = |bytes: u64| bytes as f64 / 1073741824.0;

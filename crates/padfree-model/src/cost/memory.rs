@@ -61,26 +61,37 @@ impl MemoryEstimate {
 /// keeps it), plus each adapter's two `r`-wide products. Under `--bf16`
 /// the attention kernel keeps q, k, v and its output as bf16 and `o_proj`
 /// its own bf16 copy of the output, and the MLP's values are bf16.
-///
-/// `shares_inputs`: under `--bf16` on the CPU with a packing body, each
-/// norm's output is kept once as bf16 by the projections that read it
-/// (`kernels::SharedInput16`), where none of them has an adapter.
+/// Under `--bf16` on the CPU with a packing body (`settings.shares_inputs`)
+/// each norm's output is kept once as bf16 by the projections that read it
+/// (`kernels::SharedInput16`), where none of them has an adapter and the
+/// base is dense.
 pub fn activation_floats_per_token_layer(
     config: &LlamaConfig,
     lora: Option<&LoraConfig>,
-    precision: Precision,
-    shares_inputs: bool,
+    settings: StepSettings,
 ) -> u64 {
+    let StepSettings {
+        precision,
+        on_cpu,
+        shares_inputs,
+        quantized_base,
+        ..
+    } = settings;
     let c = config.hidden_size as u64;
     let q = (config.num_attention_heads * config.head_dim) as u64;
     let kv = (config.num_key_value_heads * config.head_dim) as u64;
     let i = config.intermediate_size as u64;
     let adapters = lora.map_or(0, |lora| 2 * lora.r as u64 * lora.targets.len() as u64);
     let qk_norms = if config.qk_norm { q + kv } else { 0 };
-    // SwiGLU and a dense `down_proj` are one op that keeps gate and up only
-    // (`kernels/swiglu/down.rs`); an adapted `down_proj` keeps its input.
+    // SwiGLU and a dense `down_proj` are one op on the CPU that keeps gate
+    // and up only (`kernels/swiglu/down.rs`); an adapted `down_proj`, a
+    // GGUF base's and a GPU's keep their input.
     let adapted_down = lora.is_some_and(|lora| lora.targets.contains(&LoraTarget::DownProj));
-    let mlp = if adapted_down { 3 * i } else { 2 * i };
+    let mlp = if adapted_down || quantized_base || !on_cpu {
+        3 * i
+    } else {
+        2 * i
+    };
     let (mlp, attention) = match precision {
         Precision::F32 => (mlp, (q + 2 * kv) + q),
         Precision::Bf16 => (mlp.div_ceil(2), ((q + 2 * kv) + 2 * q).div_ceil(2)),
@@ -90,7 +101,8 @@ pub fn activation_floats_per_token_layer(
         lora.is_some_and(|lora| targets.iter().any(|t| lora.targets.contains(t)))
     };
     let output = |readers: &[LoraTarget]| {
-        if shares_inputs && precision == Precision::Bf16 && !adapted(readers) {
+        let shared = on_cpu && shares_inputs && !quantized_base;
+        if shared && precision == Precision::Bf16 && !adapted(readers) {
             c.div_ceil(2)
         } else {
             c
@@ -118,6 +130,9 @@ pub struct StepSettings {
     /// (`kernels::SharedInput16::for_packed_bodies`): the norms' outputs
     /// are then kept as bf16.
     pub shares_inputs: bool,
+    /// The frozen base is in GGUF blocks (QLoRA): its layers are read by
+    /// their own kernel, and keep their inputs.
+    pub quantized_base: bool,
 }
 
 impl StepSettings {
@@ -128,6 +143,7 @@ impl StepSettings {
             precision,
             on_cpu: true,
             shares_inputs: false,
+            quantized_base: false,
         }
     }
 }
@@ -148,14 +164,13 @@ pub fn training_memory(
         checkpointing,
         precision,
         on_cpu,
-        shares_inputs,
+        ..
     } = settings;
     let trained = match lora {
         Some(lora) => lora.num_parameters(config),
         None => config.num_parameters(),
     } as u64;
-    let per_token =
-        activation_floats_per_token_layer(config, lora, precision, on_cpu && shares_inputs);
+    let per_token = activation_floats_per_token_layer(config, lora, settings);
     let layers = config.num_hidden_layers as u64;
     let (vocab, hidden, tokens) = (
         config.vocab_size as u64,
@@ -248,7 +263,7 @@ mod tests {
     fn a_layer_keeps_norms_attention_and_gate_and_up() {
         let config = LlamaConfig::medium();
         let count = |config: &LlamaConfig, lora: Option<&LoraConfig>, p| {
-            activation_floats_per_token_layer(config, lora, p, false)
+            activation_floats_per_token_layer(config, lora, StepSettings::cpu(p))
         };
         let c = config.hidden_size as u64;
         let i = config.intermediate_size as u64;
@@ -264,9 +279,21 @@ mod tests {
         );
         // Sharing each norm's output as bf16 (a packing body) keeps half
         // of it, but not for a group of projections with an adapter.
-        let shared = |lora: Option<&LoraConfig>| {
-            activation_floats_per_token_layer(&config, lora, Precision::Bf16, true)
+        let sharing = StepSettings {
+            shares_inputs: true,
+            ..StepSettings::cpu(Precision::Bf16)
         };
+        let shared =
+            |lora: Option<&LoraConfig>| activation_floats_per_token_layer(&config, lora, sharing);
+        // A GGUF base keeps SwiGLU's output and shares nothing.
+        let gguf = StepSettings {
+            quantized_base: true,
+            ..sharing
+        };
+        assert_eq!(
+            activation_floats_per_token_layer(&config, None, gguf) - shared(None),
+            i / 2 + c
+        );
         assert_eq!(count(&config, None, Precision::Bf16) - shared(None), c);
         let on_q = LoraConfig {
             targets: vec![LoraTarget::QProj],
