@@ -84,10 +84,11 @@ pub fn activation_floats_per_token_layer(
     let adapters = lora.map_or(0, |lora| 2 * lora.r as u64 * lora.targets.len() as u64);
     let qk_norms = if config.qk_norm { q + kv } else { 0 };
     // SwiGLU and a dense `down_proj` are one op on the CPU that keeps gate
-    // and up only (`kernels/swiglu/down.rs`); an adapted `down_proj`, a
-    // GGUF base's and a GPU's keep their input.
+    // and up only (`kernels/swiglu/down.rs`), and a GGUF base's frozen
+    // `down_proj` keeps no input; an adapted `down_proj` and a GPU's keep
+    // SwiGLU's output.
     let adapted_down = lora.is_some_and(|lora| lora.targets.contains(&LoraTarget::DownProj));
-    let mlp = if adapted_down || quantized_base || !on_cpu {
+    let mlp = if adapted_down || !on_cpu {
         3 * i
     } else {
         2 * i
@@ -102,7 +103,10 @@ pub fn activation_floats_per_token_layer(
     };
     let output = |readers: &[LoraTarget]| {
         let shared = on_cpu && shares_inputs && !quantized_base;
-        if shared && precision == Precision::Bf16 && !adapted(readers) {
+        if on_cpu && quantized_base && !adapted(readers) {
+            // Read only by a GGUF base's frozen layers, which keep nothing.
+            0
+        } else if shared && precision == Precision::Bf16 && !adapted(readers) {
             c.div_ceil(2)
         } else {
             c
@@ -131,7 +135,7 @@ pub struct StepSettings {
     /// are then kept as bf16.
     pub shares_inputs: bool,
     /// The frozen base is in GGUF blocks (QLoRA): its layers are read by
-    /// their own kernel, and keep their inputs.
+    /// their own kernel and keep no input.
     pub quantized_base: bool,
 }
 
@@ -285,15 +289,6 @@ mod tests {
         };
         let shared =
             |lora: Option<&LoraConfig>| activation_floats_per_token_layer(&config, lora, sharing);
-        // A GGUF base keeps SwiGLU's output and shares nothing.
-        let gguf = StepSettings {
-            quantized_base: true,
-            ..sharing
-        };
-        assert_eq!(
-            activation_floats_per_token_layer(&config, None, gguf) - shared(None),
-            i / 2 + c
-        );
         assert_eq!(count(&config, None, Precision::Bf16) - shared(None), c);
         let on_q = LoraConfig {
             targets: vec![LoraTarget::QProj],
@@ -302,6 +297,22 @@ mod tests {
         assert_eq!(
             count(&config, Some(&on_q), Precision::Bf16) - shared(Some(&on_q)),
             c / 2
+        );
+        // A GGUF base's frozen layers keep no input: a norm's output that
+        // only they read is not kept (bf16 or not), one an adapter reads is,
+        // as f32.
+        let gguf = StepSettings {
+            quantized_base: true,
+            ..sharing
+        };
+        assert_eq!(
+            shared(None) - activation_floats_per_token_layer(&config, None, gguf),
+            2 * c.div_ceil(2)
+        );
+        assert_eq!(
+            activation_floats_per_token_layer(&config, Some(&on_q), gguf)
+                - activation_floats_per_token_layer(&config, None, gguf),
+            c + 2 * on_q.r as u64
         );
         let qwen3 = LlamaConfig {
             qk_norm: true,

@@ -122,6 +122,11 @@ impl HostOp<1> for QuantLinear {
     /// The output is never read by the backward pass (`dx = dy W`): keeping
     /// it would hold `N x O` values per layer for nothing.
     const KEEPS_OUTPUT: bool = false;
+    /// Nor is `x` (`W` is frozen: no `dW`). Kept, it held `down_proj`'s
+    /// input (SwiGLU's output, `[N, I]`) and the MLP norm's output for
+    /// nothing: 300 MiB of a SmolLM2-135M QLoRA step of 8 maths examples
+    /// (`PADFREE_MEMORY_TRACE`; docs/benchmarks/2026-12-06-memory-phases.md).
+    const KEEPS_INPUTS: bool = false;
 
     fn forward(&self, [x]: [HostTensor<'_>; 1]) -> HostOutput {
         let n = x.shape[0];
@@ -272,6 +277,19 @@ mod tests {
     use crate::tensor::{IntoHostVec, backward as run_backward, cpu_device, grad, trainable};
     use crate::weights::gguf::GgmlType;
     use padfree_pack::SplitMix64;
+
+    /// A frozen layer's backward pass reads neither its input nor its
+    /// output, so neither op keeps them for it: kept, the f32 op held
+    /// SwiGLU's output for `down_proj` and the MLP norm's output for
+    /// nothing (a fifth of a QLoRA step's peak). The gradient tests below
+    /// run on the inputs the graph hands back, empty where not kept.
+    #[test]
+    fn frozen_layers_keep_neither_input_nor_output() {
+        const {
+            assert!(!QuantLinear::KEEPS_INPUTS && !QuantLinear::KEEPS_OUTPUT);
+            assert!(!Bf16QuantLinear::KEEPS_INPUTS && !Bf16QuantLinear::KEEPS_OUTPUT);
+        };
+    }
 
     /// Random blocks of `ggml_type` with sane scales: f16 scales in
     /// [0.01, 0.03) where the format has them, random quant bytes.
