@@ -64,6 +64,14 @@ pub(crate) trait HostOp<const N: usize>:
     /// and gets empty input values with the inputs' shapes.
     const KEEPS_INPUTS: bool = true;
 
+    /// With [`Self::KEEPS_INPUTS`], whether input `index` is kept, decided
+    /// once the op knows what the graph tracks ([`Self::tracking`]): a
+    /// linear layer with a frozen weight makes no `dW` and so needs not
+    /// its input `x`.
+    fn keeps_input(&self, _index: usize) -> bool {
+        true
+    }
+
     /// The op, told before its forward pass which inputs the autodiff graph
     /// tracks (will want a gradient of): an op that makes its gradients in
     /// the forward pass (the LM head's loss) keeps this; off the graph,
@@ -338,6 +346,7 @@ fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
         return Err(UnsupportedTensor("input count changed".into()));
     };
     let (output, saved) = forward(&op, &primitives)?;
+    let keeps: [bool; N] = std::array::from_fn(|i| Op::KEEPS_INPUTS && op.keeps_input(i));
     // Compute-bound: gradient checkpointing keeps the output rather than
     // running the kernel again.
     Ok(
@@ -350,11 +359,14 @@ fn tracked<Op: HostOp<N>, C: CheckpointStrategy, const N: usize>(
                 Saved {
                     op,
                     shapes: primitives.each_ref().map(|t| t.layout().shape().to_vec()),
-                    inputs: if Op::KEEPS_INPUTS {
-                        primitives
-                    } else {
-                        [(); N].map(|()| {
-                            FlexTensor::from_data(TensorData::new(Vec::<f32>::new(), [0]))
+                    inputs: {
+                        let mut keeps = keeps.into_iter();
+                        primitives.map(|tensor| {
+                            if keeps.next().unwrap_or(true) {
+                                tensor
+                            } else {
+                                FlexTensor::from_data(TensorData::new(Vec::<f32>::new(), [0]))
+                            }
                         })
                     },
                     output: if Op::KEEPS_OUTPUT {

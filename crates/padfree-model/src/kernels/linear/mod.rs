@@ -38,7 +38,7 @@ pub fn fused_linear(x: Tensor<2>, w: Tensor<2>) -> Result<Tensor<2>, Unsupported
     if !is_cpu(&x.device()) {
         return Ok(composed_linear(x, w));
     }
-    apply::<_, 2, 2, 2>(Linear, [x, w])
+    apply::<_, 2, 2, 2>(Linear::default(), [x, w])
 }
 
 /// The oracle, and the GPU path: burn's `x.matmul(w^T)`.
@@ -328,8 +328,13 @@ pub fn composed_half_linear(x: Tensor<2>, w: Tensor<2>, half: HalfFloat) -> Tens
     }
 }
 
-#[derive(Debug, Clone)]
-struct Linear;
+/// The f32 linear op; `tracked`: which of `x` and `W` the graph wants a
+/// gradient of (`W` frozen: no `dW`, so `x` is not kept; `x` off the
+/// graph: no `dx`, so `W` is not kept).
+#[derive(Debug, Clone, Default)]
+struct Linear {
+    tracked: Option<[bool; 2]>,
+}
 
 /// The bf16 linear op; `STORES_INPUT`: `x` kept as bf16 in `saved`
 /// rather than as the input tensor.
@@ -428,6 +433,19 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
 impl HostOp<2> for Linear {
     /// Neither gradient reads the output.
     const KEEPS_OUTPUT: bool = false;
+
+    fn tracking(self, tracked: [bool; 2]) -> Self {
+        Self {
+            tracked: Some(tracked),
+        }
+    }
+
+    /// `x` only for `dW`, `W` only for `dx`: a frozen layer under LoRA
+    /// (the default adapters leave `gate_proj` and `up_proj` frozen) kept
+    /// its input, the MLP norm's output, for a `dW` it never makes.
+    fn keeps_input(&self, index: usize) -> bool {
+        self.tracked.is_none_or(|tracked| tracked[1 - index])
+    }
 
     fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {
         let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
@@ -580,6 +598,24 @@ mod tests {
                 assert_ne!(ours.0, f32_y, "bf16 rounding must show");
             }
         }
+    }
+
+    /// The f32 op keeps `x` only for `dW` and `W` only for `dx`: a frozen
+    /// layer under LoRA keeps no input (and the gradient tests above run a
+    /// frozen `W` on the emptied `x`); before the op is told, both.
+    #[test]
+    fn the_f32_op_keeps_only_what_its_gradients_read() {
+        let keeps = |tracked: Option<[bool; 2]>| {
+            let op = match tracked {
+                Some(tracked) => Linear::default().tracking(tracked),
+                None => Linear::default(),
+            };
+            [op.keeps_input(0), op.keeps_input(1)]
+        };
+        assert_eq!(keeps(Some([true, false])), [false, true], "W frozen");
+        assert_eq!(keeps(Some([false, true])), [true, false], "x off the graph");
+        assert_eq!(keeps(Some([true, true])), [true, true]);
+        assert_eq!(keeps(None), [true, true]);
     }
 
     /// Three bf16 layers over one input (q, k and v over a norm's rounded
