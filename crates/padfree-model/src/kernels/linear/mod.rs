@@ -354,6 +354,8 @@ struct Bf16Linear<const STORES_INPUT: bool> {
     /// backward pass reads the kept `x`, the tensor the forward pass read,
     /// in place without scanning it again.
     input_rounded: OnceLock<bool>,
+    /// Which of `x` and `W` the graph tracks (as the f32 op's).
+    tracked: Option<[bool; 2]>,
 }
 
 impl<const STORES_INPUT: bool> Bf16Linear<STORES_INPUT> {
@@ -363,6 +365,7 @@ impl<const STORES_INPUT: bool> Bf16Linear<STORES_INPUT> {
             master,
             scans_input,
             input_rounded: OnceLock::new(),
+            tracked: None,
         }
     }
 }
@@ -372,6 +375,18 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
     const KEEPS_OUTPUT: bool = false;
     /// `W`'s values come from its copy; `x` from `saved` when stored.
     const KEEPS_INPUTS: bool = !STORES_INPUT;
+
+    fn tracking(self, tracked: [bool; 2]) -> Self {
+        Self {
+            tracked: Some(tracked),
+            ..self
+        }
+    }
+
+    /// As the f32 op: `x` only for `dW`, `W` only for `dx`.
+    fn keeps_input(&self, index: usize) -> bool {
+        self.tracked.is_none_or(|tracked| tracked[1 - index])
+    }
 
     fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {
         let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
@@ -600,9 +615,10 @@ mod tests {
         }
     }
 
-    /// The f32 op keeps `x` only for `dW` and `W` only for `dx`: a frozen
-    /// layer under LoRA keeps no input (and the gradient tests above run a
-    /// frozen `W` on the emptied `x`); before the op is told, both.
+    /// The f32 op (and the bf16 one) keeps `x` only for `dW` and `W` only
+    /// for `dx`: a frozen layer under LoRA keeps no input (and the gradient
+    /// tests above run a frozen `W` on the emptied `x`); before the op is
+    /// told, both.
     #[test]
     fn the_f32_op_keeps_only_what_its_gradients_read() {
         let keeps = |tracked: Option<[bool; 2]>| {
@@ -616,6 +632,9 @@ mod tests {
         assert_eq!(keeps(Some([false, true])), [true, false], "x off the graph");
         assert_eq!(keeps(Some([true, true])), [true, true]);
         assert_eq!(keeps(None), [true, true]);
+        // The bf16 op that keeps its input as it is, likewise.
+        let bf16 = Bf16Linear::<false>::new(Weight16::Master, None, false).tracking([true, false]);
+        assert_eq!([bf16.keeps_input(0), bf16.keeps_input(1)], [false, true]);
     }
 
     /// Three bf16 layers over one input (q, k and v over a norm's rounded
