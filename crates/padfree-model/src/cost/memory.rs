@@ -25,7 +25,8 @@
 //! and the attention kernel keeps its inputs and output as bf16 (`o_proj`
 //! a bf16 copy of the output), so they count half; the weights' bf16
 //! copies are counted with the weights. Figures measured against it
-//! are in docs/benchmarks/2026-12-01-lora.md.
+//! are in docs/benchmarks/2026-12-06-memory-phases.md (and, for the
+//! count before then, docs/benchmarks/2026-12-01-lora.md).
 //!
 //! # Shapes
 //! `C` hidden size, `H`/`Hkv` query/key-value heads of `D`, `I` MLP width,
