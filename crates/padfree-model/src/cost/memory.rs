@@ -22,9 +22,11 @@
 //! layer's input (`C` per token and layer, `L + 1` of them), one layer's
 //! activations and the upstream gradient at a time, and the head's op on
 //! one chunk of labelled rows. Under `--bf16` the MLP's values are bf16
-//! and the attention kernel keeps its inputs and output as bf16 (`o_proj`
-//! a bf16 copy of the output), so they count half; the weights' bf16
-//! copies are counted with the weights. Figures measured against it
+//! and the attention kernel keeps its inputs and output as bf16, so they
+//! count half; on the CPU `o_proj` reads the kernel's kept output
+//! (`kernels::SharedInput16`) where it has no adapter (an adapted one
+//! keeps the output as f32 for its dropout, a GPU's its own 16-bit copy);
+//! the weights' bf16 copies are counted with the weights. Figures measured against it
 //! are in docs/benchmarks/2026-12-06-memory-phases.md (and, for the
 //! count before then, docs/benchmarks/2026-12-01-lora.md).
 //!
@@ -60,12 +62,16 @@ impl MemoryEstimate {
 /// output (`o_proj`'s input, the same tensor in f32), and the MLP's gate
 /// and up (and SwiGLU's output where LoRA adapts `down_proj`, which then
 /// keeps it), plus each adapter's two `r`-wide products. Under `--bf16`
-/// the attention kernel keeps q, k, v and its output as bf16 and `o_proj`
-/// its own bf16 copy of the output, and the MLP's values are bf16.
+/// the attention kernel keeps q, k, v and its output as bf16, which a
+/// CPU's `o_proj` without an adapter reads too (an adapted one keeps the
+/// output in f32, a GPU's its own 16-bit copy), and the MLP's values are
+/// bf16.
 /// Under `--bf16` on the CPU with a packing body (`settings.shares_inputs`)
 /// each norm's output is kept once as bf16 by the projections that read it
 /// (`kernels::SharedInput16`), where none of them has an adapter and the
-/// base is dense.
+/// base is dense. Under LoRA on the CPU a norm's output that only frozen
+/// layers read (no adapter in the group) is not kept at all, in either
+/// precision.
 pub fn activation_floats_per_token_layer(
     config: &LlamaConfig,
     lora: Option<&LoraConfig>,
@@ -94,18 +100,28 @@ pub fn activation_floats_per_token_layer(
     } else {
         2 * i
     };
-    let (mlp, attention) = match precision {
-        Precision::F32 => (mlp, (q + 2 * kv) + q),
-        Precision::Bf16 => (mlp.div_ceil(2), ((q + 2 * kv) + 2 * q).div_ceil(2)),
-    };
-    // Each norm's input (f32) and output (f32, or bf16 kept once).
     let adapted = |targets: &[LoraTarget]| {
         lora.is_some_and(|lora| targets.iter().any(|t| lora.targets.contains(t)))
     };
+    // What `o_proj` keeps of the attention's output besides the kernel.
+    let o_proj = if adapted(&[LoraTarget::OProj]) {
+        2 * q
+    } else if on_cpu {
+        0
+    } else {
+        q
+    };
+    let (mlp, attention) = match precision {
+        Precision::F32 => (mlp, (q + 2 * kv) + q),
+        Precision::Bf16 => (mlp.div_ceil(2), ((q + 2 * kv) + q + o_proj).div_ceil(2)),
+    };
+    // Each norm's input (f32) and output (f32, or bf16 kept once).
     let output = |readers: &[LoraTarget]| {
         let shared = on_cpu && shares_inputs && !quantized_base;
-        if on_cpu && quantized_base && !adapted(readers) {
-            // Read only by a GGUF base's frozen layers, which keep nothing.
+        let frozen = lora.is_some() || quantized_base;
+        if on_cpu && frozen && !adapted(readers) {
+            // Read only by frozen layers (a LoRA base's, dense or GGUF),
+            // which make no `dW` and keep nothing for it.
             0
         } else if shared && precision == Precision::Bf16 && !adapted(readers) {
             c.div_ceil(2)
@@ -261,9 +277,11 @@ mod tests {
     }
 
     /// What a layer keeps per token: norms `4C`, the attention kernel's
-    /// q, k, v and output (shared with `o_proj` in f32; under bf16 each
-    /// keeps its own bf16 copy of it), gate and up; a Qwen3's per-head
-    /// norms their inputs; an adapted `down_proj` SwiGLU's output too.
+    /// q, k, v and output (shared with `o_proj`: the same f32 tensor, or
+    /// under bf16 the kernel's bf16 store; an adapted `o_proj` keeps it in
+    /// f32 beside the kernel's bf16, a GPU's its own 16-bit copy), gate
+    /// and up; a Qwen3's per-head norms their inputs; an adapted
+    /// `down_proj` SwiGLU's output too.
     #[test]
     fn a_layer_keeps_norms_attention_and_gate_and_up() {
         let config = LlamaConfig::medium();
@@ -280,7 +298,34 @@ mod tests {
         );
         assert_eq!(
             count(&config, None, Precision::Bf16),
-            4 * c + (3 * q + 2 * kv) / 2 + i
+            4 * c + (2 * q + 2 * kv) / 2 + i
+        );
+        let on_o = LoraConfig {
+            targets: vec![LoraTarget::OProj],
+            ..LoraConfig::trl_defaults()
+        };
+        // An adapted `o_proj` keeps the attention's output in f32 beside
+        // the kernel's bf16; both norms' outputs are read only by frozen
+        // layers then.
+        assert_eq!(
+            count(&config, Some(&on_o), Precision::Bf16) + 2 * c,
+            count(&config, None, Precision::Bf16) + q + 2 * on_o.r as u64
+        );
+        let gpu = |p| {
+            let settings = StepSettings {
+                on_cpu: false,
+                ..StepSettings::cpu(p)
+            };
+            activation_floats_per_token_layer(&config, None, settings)
+        };
+        // A GPU's MLP keeps SwiGLU's output too (no one op there).
+        assert_eq!(
+            gpu(Precision::F32) - count(&config, None, Precision::F32),
+            i
+        );
+        assert_eq!(
+            gpu(Precision::Bf16) - count(&config, None, Precision::Bf16),
+            q / 2 + i / 2
         );
         // Sharing each norm's output as bf16 (a packing body) keeps half
         // of it, but not for a group of projections with an adapter.
@@ -296,8 +341,22 @@ mod tests {
             ..LoraConfig::trl_defaults()
         };
         assert_eq!(
-            count(&config, Some(&on_q), Precision::Bf16) - shared(Some(&on_q)),
-            c / 2
+            count(&config, Some(&on_q), Precision::Bf16),
+            shared(Some(&on_q))
+        );
+        // Under LoRA a group without an adapter is frozen and keeps
+        // nothing of its input, f32 or bf16: `gate_proj` and `up_proj`
+        // here (the norm's output); q, k and v keep it in f32 for `q_proj`'s
+        // adapter.
+        let plain = |p| count(&config, None, p);
+        assert_eq!(
+            plain(Precision::F32) + 2 * on_q.r as u64 - count(&config, Some(&on_q), Precision::F32),
+            c
+        );
+        assert_eq!(
+            plain(Precision::Bf16) + 2 * on_q.r as u64
+                - count(&config, Some(&on_q), Precision::Bf16),
+            c
         );
         // A GGUF base's frozen layers keep no input: a norm's output that
         // only they read is not kept (bf16 or not), one an adapter reads is,
@@ -331,10 +390,12 @@ mod tests {
             down(vec![LoraTarget::DownProj]),
             down(vec![LoraTarget::UpProj]),
         );
+        // An adapted `down_proj` keeps SwiGLU's output; `up_proj`'s
+        // adapter keeps the MLP norm's output, which frozen gate and up
+        // would not.
         assert_eq!(
-            count(&config, Some(&with), Precision::F32)
-                - count(&config, Some(&without), Precision::F32),
-            i
+            count(&config, Some(&with), Precision::F32) + c,
+            count(&config, Some(&without), Precision::F32) + i
         );
     }
 
@@ -376,7 +437,13 @@ mod tests {
             * 2
             * lora.r as u64
             * lora.targets.len() as u64;
-        assert_eq!(at(chunk) - (adapted(chunk) - lora_activations), 4 * v * c);
+        // The default adapters (q and v) leave `gate_proj` and `up_proj`
+        // frozen: the MLP norm's output is not kept.
+        let frozen_mlp_input = 4 * 4096 * config.num_hidden_layers as u64 * c;
+        assert_eq!(
+            at(chunk) - (adapted(chunk) - lora_activations) - frozen_mlp_input,
+            4 * v * c
+        );
     }
 
     #[test]

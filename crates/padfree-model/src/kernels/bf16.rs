@@ -103,13 +103,22 @@ pub(crate) fn round_into(values: &[f32], out: &mut [bf16]) {
             }
         });
     };
-    if values.len() >= PARALLEL_VALUES {
-        values
-            .par_chunks(PARALLEL_VALUES)
-            .zip(out.par_chunks_mut(PARALLEL_VALUES))
+    zip_chunks(values, out, body);
+}
+
+/// `body` over `src` and `dst` (as long) in matching chunks, on rayon's
+/// threads where they hold [`PARALLEL_VALUES`] values or more.
+fn zip_chunks<S: Sync, D: Send>(
+    src: &[S],
+    dst: &mut [D],
+    body: impl Fn((&[S], &mut [D])) + Sync + Send,
+) {
+    if src.len() >= PARALLEL_VALUES {
+        src.par_chunks(PARALLEL_VALUES)
+            .zip(dst.par_chunks_mut(PARALLEL_VALUES))
             .for_each(body);
     } else {
-        body((values, out));
+        body((src, dst));
     }
 }
 
@@ -171,6 +180,21 @@ pub(crate) fn store(values: &[f32]) -> Vec<f32> {
             }
         })
     }
+}
+
+/// `values` widened to f32 (exact).
+pub(crate) fn widen_slice(values: &[bf16]) -> Vec<f32> {
+    let body = |(src, dst): (&[bf16], &mut [MaybeUninit<f32>])| {
+        dispatch(|| {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                d.write(widen(s));
+            }
+        });
+    };
+    // SAFETY: `body` sets every slot of its `dst`, which holds as many
+    // values as its `src` (chunks of the same length of slices of the same
+    // length).
+    unsafe { fresh(values.len(), |out| zip_chunks(values, out, body)) }
 }
 
 /// The `len` values [`store`] kept in `stored`, widened to f32.
@@ -275,6 +299,10 @@ mod tests {
             assert_eq!(w.to_bits(), h.to_f32().to_bits(), "widening is exact");
             assert_eq!(w.to_bits(), rounded(v).to_bits());
         }
+        // The slice's widening (on rayon's threads at this length) too.
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&widen_slice(&halves)), bits(&widened));
+        assert_eq!(bits(&widen_slice(&halves[..37])), bits(&widened[..37]));
         // Rounding is idempotent: a rounded value is its own rounding.
         assert_eq!(round_slice(&widened), halves);
         let mut in_place = values.clone();

@@ -29,9 +29,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Bytes of the lined blocks alive now, and their high-water mark since
+/// Bytes of the big blocks alive now, and their high-water mark since
 /// [`reset_lined_peak`]: every buffer of [`LINED_FROM`] bytes or more
-/// (weights, gradients, moments, activations, kernel outputs), so a
+/// (weights, gradients, moments, activations, kernel outputs, burn's own
+/// tensors, which ask for their own alignment and are not moved), so a
 /// trace of a step's phases (`PADFREE_MEMORY_TRACE` in the trainer) says
 /// what is alive where the resident memory only says how much was ever
 /// touched. Relaxed atomics: two per big allocation (a few thousand a
@@ -91,6 +92,13 @@ const OFFSET_BYTES: usize = std::mem::size_of::<usize>();
 /// Whether `layout` is put on a line.
 fn lined(layout: Layout) -> bool {
     layout.size() >= LINED_FROM && layout.align() < LINE
+}
+
+/// Whether `layout` is counted in [`lined_bytes`]: every buffer of
+/// [`LINED_FROM`] bytes or more, those that ask for a line or more of
+/// alignment themselves (burn's tensor bytes) too.
+fn counted(layout: Layout) -> bool {
+    layout.size() >= LINED_FROM
 }
 
 /// The block `System` holds for a lined `layout` (its size plus
@@ -166,7 +174,11 @@ unsafe fn raw_of(ptr: *mut u8) -> *mut u8 {
 unsafe fn allocate(layout: Layout, get: unsafe fn(&System, Layout) -> *mut u8) -> *mut u8 {
     if !lined(layout) {
         // SAFETY: the caller's non-zero layout.
-        return unsafe { get(&System, layout) };
+        let block = unsafe { get(&System, layout) };
+        if counted(layout) && !block.is_null() {
+            grew(layout.size());
+        }
+        return block;
     }
     let Some(raw_layout) = raw_layout(layout) else {
         return std::ptr::null_mut();
@@ -211,8 +223,13 @@ unsafe impl GlobalAlloc for LineAligned {
                 // in a `System` block of `raw_layout`.
                 unsafe { System.dealloc(raw_of(ptr), raw_layout) }
             }
-            // SAFETY: `System`'s block of this layout.
-            None => unsafe { System.dealloc(ptr, layout) },
+            None => {
+                if counted(layout) {
+                    shrank(layout.size());
+                }
+                // SAFETY: `System`'s block of this layout.
+                unsafe { System.dealloc(ptr, layout) }
+            }
         }
     }
 
@@ -221,8 +238,19 @@ unsafe impl GlobalAlloc for LineAligned {
         // alignment is a valid layout.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         match (lined(layout), lined(new_layout)) {
-            // SAFETY: `System`'s block of `layout`, and a valid new size.
-            (false, false) => unsafe { System.realloc(ptr, layout, new_size) },
+            (false, false) => {
+                // SAFETY: `System`'s block of `layout`, and a valid new size.
+                let block = unsafe { System.realloc(ptr, layout, new_size) };
+                if !block.is_null() {
+                    if counted(layout) {
+                        shrank(layout.size());
+                    }
+                    if counted(new_layout) {
+                        grew(new_size);
+                    }
+                }
+                block
+            }
             (true, true) => {
                 let (Some(old_raw), Some(new_raw)) = (raw_layout(layout), raw_layout(new_layout))
                 else {
@@ -265,6 +293,11 @@ unsafe impl GlobalAlloc for LineAligned {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// The tests that allocate through `LineAligned`, one at a time: the
+    /// counts are the process's.
+    static ALLOCATING: Mutex<()> = Mutex::new(());
 
     /// Blocks of `LINED_FROM` bytes or more start on a line, smaller ones
     /// keep their asked alignment, and growing or shrinking a block across
@@ -272,6 +305,7 @@ mod tests {
     /// size's alignment.
     #[test]
     fn big_blocks_start_on_lines_and_keep_their_values_when_resized() {
+        let _alone = ALLOCATING.lock().unwrap_or_else(|e| e.into_inner());
         let alloc = LineAligned;
         let layout = |size: usize| Layout::from_size_align(size, 4).expect("layout");
         for size in [LINED_FROM, LINED_FROM + 4, 1 << 20, 3 << 22] {
@@ -341,6 +375,37 @@ mod tests {
             let ptr = alloc.alloc(small);
             assert_eq!(ptr as usize % 32, 0);
             alloc.dealloc(ptr, small);
+        }
+    }
+
+    /// Every block of `LINED_FROM` bytes or more is counted while it lives,
+    /// whatever alignment it asks for (burn's tensors ask for their own),
+    /// through `realloc` too; smaller ones are not.
+    #[test]
+    fn big_blocks_are_counted_whatever_their_alignment() {
+        let _alone = ALLOCATING.lock().unwrap_or_else(|e| e.into_inner());
+        let alloc = LineAligned;
+        let live = || lined_bytes().live;
+        for align in [4, LINE, 2 * LINE] {
+            let (size, grown) = (1 << 20, 3 << 20);
+            let layout = Layout::from_size_align(size, align).expect("layout");
+            let before = live();
+            // SAFETY: non-zero sizes; each block freed with its layout.
+            unsafe {
+                let ptr = alloc.alloc(layout);
+                assert!(!ptr.is_null());
+                assert_eq!(live() - before, size, "align {align}");
+                let ptr = alloc.realloc(ptr, layout, grown);
+                assert!(!ptr.is_null());
+                assert_eq!(live() - before, grown, "align {align}, grown");
+                let grown_layout = Layout::from_size_align(grown, align).expect("layout");
+                alloc.dealloc(ptr, grown_layout);
+                assert_eq!(live(), before, "align {align}, freed");
+                let small = Layout::from_size_align(LINED_FROM - 1, align).expect("layout");
+                let ptr = alloc.alloc(small);
+                assert_eq!(live(), before, "align {align}, small");
+                alloc.dealloc(ptr, small);
+            }
         }
     }
 

@@ -28,7 +28,9 @@
 //! zeroed, copied outputs); `gemm_bf16/` the bf16 products (AMX,
 //! AVX512-BF16, or widened to f32 where the CPU lacks them; the LM head's
 //! products for a few labelled rows streamed in `gemm_bf16/skinny.rs`) and
-//! `bf16.rs` the rounding.
+//! `bf16.rs` the rounding; `shared16.rs` one bf16 store of an activation
+//! that several ops keep (a norm's output for the projections that read
+//! it; the attention's output for itself and `o_proj`).
 //!
 //! `adamw/` is AdamW's update of one parameter on a GPU in one kernel
 //! launch (the host loop in padfree-train does it on the CPU), and
@@ -66,6 +68,7 @@ mod lora_linear;
 pub mod quant_matmul;
 mod rms_norm;
 mod rope;
+mod shared16;
 mod simd;
 mod sum_squares;
 mod swiglu;
@@ -90,9 +93,8 @@ pub use line_alloc::{LINED_FROM, LineAligned, LinedBytes, lined_bytes, reset_lin
 pub use linear::F16_TARGET;
 pub(crate) use linear::round_tensor;
 pub use linear::{
-    SharedInput16, bf16_linear, bf16_linear_sharing_input, bf16_linear_storing_input,
-    composed_bf16_linear, composed_half_linear, composed_linear, fused_linear, half_linear,
-    round_to_half,
+    bf16_linear, bf16_linear_sharing_input, bf16_linear_storing_input, composed_bf16_linear,
+    composed_half_linear, composed_linear, fused_linear, half_linear, round_to_half,
 };
 pub use lora_linear::{
     LoraCopies, LoraFactors, LoraLayer, bf16_lora_linear, composed_bf16_lora_linear,
@@ -103,6 +105,7 @@ pub use quant_matmul::{
 };
 pub use rms_norm::{bf16_rms_norm, composed_rms_norm, rms_norm};
 pub use rope::{RopeTables, composed_rope, rope};
+pub use shared16::SharedInput16;
 pub use simd::{
     Level as SimdLevel, capped as simd_capped, detected as simd_detected,
     dispatch as simd_dispatch, level as simd_level,

@@ -154,7 +154,7 @@ impl Attention<'_> {
             let context = if bf16 { round(context) } else { context };
             self.heads_joined(context)
         };
-        let context = match layout {
+        let (context, kept) = match layout {
             AttentionLayout::Varlen {
                 rows,
                 kernel: AttentionKernel::Fused,
@@ -167,7 +167,8 @@ impl Attention<'_> {
                 ..
             } => {
                 let (q, k, v) = composed_inputs(q, k, v);
-                composed_output(composed_varlen_attention(q, k, v, meta, masks))
+                let context = composed_varlen_attention(q, k, v, meta, masks);
+                (composed_output(context), None)
             }
             AttentionLayout::VarlenPerLayer {
                 position_ids,
@@ -188,7 +189,8 @@ impl Attention<'_> {
                     AttentionKernel::Composed => {
                         let masks = CausalMasks::new(meta.seq_lens(), &q.device());
                         let (q, k, v) = composed_inputs(q, k, v);
-                        composed_output(composed_varlen_attention(q, k, v, &meta, &masks))
+                        let context = composed_varlen_attention(q, k, v, &meta, &masks);
+                        (composed_output(context), None)
                     }
                 }
             }
@@ -202,16 +204,15 @@ impl Attention<'_> {
                 kernel: PaddedAttention::Composed { mask },
             } => {
                 let (q, k, v) = composed_inputs(q, k, v);
-                composed_output(composed_padded_attention(
-                    q,
-                    k,
-                    v,
-                    *batch_size,
-                    *seq_len,
-                    (**mask).clone(),
-                ))
+                let context =
+                    composed_padded_attention(q, k, v, *batch_size, *seq_len, (**mask).clone());
+                (composed_output(context), None)
             }
         };
+        if let Some(kept) = kept {
+            // The kernel kept its output as bf16 for both.
+            return self.o_proj.forward_sharing_input(context, Some(&kept));
+        }
         if bf16 {
             // bf16-valued, so o_proj keeps it as bf16, exactly.
             return self.o_proj.forward_storing_input(context);
@@ -219,7 +220,9 @@ impl Attention<'_> {
         self.o_proj.forward(context)
     }
 
-    /// The fused kernel: every example of the batch in one call.
+    /// The fused kernel: every example of the batch in one call, and
+    /// under `--bf16` on the CPU the bf16 store its output is kept in for
+    /// `o_proj` too, where `o_proj` reads nothing but its rounding.
     ///
     /// `q`: `[T, H, D]`, `k`, `v`: `[T, Hkv, D]` -> `[T, H * D]`.
     fn fused(
@@ -228,16 +231,21 @@ impl Attention<'_> {
         k: Tensor<3>,
         v: Tensor<3>,
         rows: &AttentionRows,
-    ) -> Result<Tensor<2>, ModelError> {
+    ) -> Result<(Tensor<2>, Option<SharedInput16>), ModelError> {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let mut kept = None;
         let context = if let Some(half) = self.o_proj.device_half() {
             half_varlen_attention(q, k, v, rows, scale, half, false)?
         } else if self.o_proj.is_bf16() {
-            bf16_varlen_attention(q, k, v, rows, scale)?
+            kept = self
+                .o_proj
+                .reads_only_rounded_input()
+                .then(SharedInput16::default);
+            bf16_varlen_attention(q, k, v, rows, scale, kept.clone())?
         } else {
             varlen_attention(q, k, v, rows, scale)?
         };
-        Ok(self.heads_joined(context))
+        Ok((self.heads_joined(context), kept))
     }
 
     /// `[N, H, D] -> [N, H * D]`.

@@ -11,8 +11,11 @@
 //!   every sum are f32.
 //! - For the backward pass the op keeps `q`, `k`, `v` and its output as bf16
 //!   (half their f32 bytes, and exact: they are bf16 values) plus the f32
-//!   log-sum-exp, instead of the f32 input tensors. Its output is bf16-valued,
-//!   so `o_proj` keeps it as bf16 too (`Linear::forward_storing_input`).
+//!   log-sum-exp, instead of the f32 input tensors. Its output is
+//!   bf16-valued, and `o_proj` reads it for its own gradient: given an
+//!   [`SharedInput16`] store, the op keeps its output there, once for both
+//!   (`o_proj` through `kernels::bf16_linear_sharing_input`), where each
+//!   kept a bf16 copy before (2 bytes a value of `[T, H, D]` a layer).
 //! - `dO` is rounded to bf16 (the gradient of a bf16 output); the gradients
 //!   leave in f32, and the projections round them to bf16 as their products
 //!   read them (torch rounds them here, before RoPE's backward: a stated
@@ -29,35 +32,47 @@
 use super::host::Qkv;
 use super::products;
 use super::{AttentionRows, VarlenAttention};
-use crate::kernels::bf16::{load, round_in_place, store};
+use crate::kernels::bf16::{load, round_in_place, store, widen_slice};
 use crate::kernels::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use crate::kernels::shared16::SharedInput16;
 use crate::tensor::Tensor;
 
 /// [`super::varlen_attention`] under `--bf16` (see the module docs):
 /// `q`: `[T, H, D]`, `k`, `v`: `[T, Hkv, D]` -> `[T, H, D]`, bf16-valued.
+/// With `output_store` the output is kept there (for the layer that
+/// reads it too) instead of in the op's own state.
 pub fn bf16_varlen_attention(
     q: Tensor<3>,
     k: Tensor<3>,
     v: Tensor<3>,
     rows: &AttentionRows,
     scale: f32,
+    output_store: Option<SharedInput16>,
 ) -> Result<Tensor<3>, UnsupportedTensor> {
     if rows.blocks.is_some() {
         return Err(UnsupportedTensor(
             "bf16 attention runs on the CPU only in this build".into(),
         ));
     }
-    let op = Bf16VarlenAttention(VarlenAttention {
-        cu_seqlens: rows.cu_seqlens.clone(),
-        dims: super::dims_of(&q, &k),
-        scale,
-    });
+    let op = Bf16VarlenAttention {
+        attention: VarlenAttention {
+            cu_seqlens: rows.cu_seqlens.clone(),
+            dims: super::dims_of(&q, &k),
+            scale,
+        },
+        output_store,
+    };
     apply(op, [q, k, v])
 }
 
 /// The f32 op's settings and kernel, with bf16 in, out and kept.
 #[derive(Debug, Clone)]
-struct Bf16VarlenAttention(VarlenAttention);
+struct Bf16VarlenAttention {
+    attention: VarlenAttention,
+    /// Where the output is kept when another op reads it too; `None`:
+    /// in `saved`.
+    output_store: Option<SharedInput16>,
+}
 
 /// `values` rounded to bf16, kept as f32.
 fn rounded(values: &[f32]) -> Vec<f32> {
@@ -67,12 +82,14 @@ fn rounded(values: &[f32]) -> Vec<f32> {
 }
 
 /// `[q, k, v, out, lse]` of `saved`: `q`, `k`, `v` and `out` as packed bf16
-/// pairs (`len.div_ceil(2)` slots each), then the f32 `lse`.
-fn split_saved(saved: &[f32], q_len: usize, kv_len: usize) -> [&[f32]; 5] {
+/// pairs (`len.div_ceil(2)` slots each; `out` empty where it is kept in
+/// an [`SharedInput16`], `out_kept`), then the f32 `lse`.
+fn split_saved(saved: &[f32], q_len: usize, kv_len: usize, out_kept: bool) -> [&[f32]; 5] {
     let (q, rest) = saved.split_at(q_len.div_ceil(2));
     let (k, rest) = rest.split_at(kv_len.div_ceil(2));
     let (v, rest) = rest.split_at(kv_len.div_ceil(2));
-    let (out, lse) = rest.split_at(q_len.div_ceil(2));
+    let out_len = if out_kept { q_len.div_ceil(2) } else { 0 };
+    let (out, lse) = rest.split_at(out_len);
     [q, k, v, out, lse]
 }
 
@@ -88,7 +105,7 @@ impl HostOp<3> for Bf16VarlenAttention {
             cu_seqlens,
             dims,
             scale,
-        } = &self.0;
+        } = &self.attention;
         let inputs = Qkv {
             q: &q,
             k: &k,
@@ -100,7 +117,10 @@ impl HostOp<3> for Bf16VarlenAttention {
         let mut saved = store(&q);
         saved.extend(store(&k));
         saved.extend(store(&v));
-        saved.extend(store(&out));
+        match &self.output_store {
+            Some(kept) => kept.keep(&out),
+            None => saved.extend(store(&out)),
+        }
         saved.extend(result.lse);
         HostOutput {
             values: out,
@@ -119,13 +139,18 @@ impl HostOp<3> for Bf16VarlenAttention {
     ) -> [Vec<f32>; 3] {
         let q_len: usize = q.shape.iter().product();
         let kv_len: usize = k.shape.iter().product();
-        let [q16, k16, v16, out16, lse] = split_saved(saved, q_len, kv_len);
-        let (q, k, v, out) = (
-            load(q16, q_len),
-            load(k16, kv_len),
-            load(v16, kv_len),
-            load(out16, q_len),
+        let out_kept = self.output_store.is_none();
+        let [q16, k16, v16, out16, lse] = split_saved(saved, q_len, kv_len, out_kept);
+        let out = match &self.output_store {
+            Some(kept) => widen_slice(kept.values()),
+            None => load(out16, q_len),
+        };
+        assert_eq!(
+            out.len(),
+            q_len,
+            "bf16 attention: a kept output of another shape"
         );
+        let (q, k, v) = (load(q16, q_len), load(k16, kv_len), load(v16, kv_len));
         let inputs = Qkv {
             q: &q,
             k: &k,
@@ -137,7 +162,7 @@ impl HostOp<3> for Bf16VarlenAttention {
             cu_seqlens,
             dims,
             scale,
-        } = &self.0;
+        } = &self.attention;
         let grads = products::backward(inputs, (&out, lse, &d_out), cu_seqlens, *dims, *scale);
         [grads.dq, grads.dk, grads.dv]
     }
@@ -204,77 +229,92 @@ mod tests {
         let kernel = products::forward(rounded_inputs, &cu, dims, 0.3);
         let expected_out: Vec<f32> = kernel.out.iter().map(|&x| round_one(x)).collect();
 
-        let op = Bf16VarlenAttention(VarlenAttention {
-            cu_seqlens: cu.clone().into(),
-            dims,
-            scale: 0.3,
-        });
-        let q_shape = [t, dims.num_heads, dims.head_dim];
-        let kv_shape = [t, dims.num_kv_heads, dims.head_dim];
-        let output = op.forward([
-            HostTensor {
-                values: &q,
-                shape: &q_shape,
-            },
-            HostTensor {
-                values: &k,
-                shape: &kv_shape,
-            },
-            HostTensor {
-                values: &v,
-                shape: &kv_shape,
-            },
-        ]);
-        assert_eq!(output.shape, q_shape.to_vec());
-        assert_eq!(
-            bits(&output.values),
-            bits(&expected_out),
-            "forward differs from the products kernel on rounded inputs"
-        );
-        // q, k, v and out at 2 bytes a value, lse at 4.
-        let (q_len, kv_len) = (t * dims.q_row(), t * dims.kv_row());
-        assert_eq!(
-            output.saved.len(),
-            2 * q_len.div_ceil(2) + 2 * kv_len.div_ceil(2) + t * dims.num_heads
-        );
-
-        // KEEPS_INPUTS is false: the backward pass gets shapes, no values.
-        let grads = op.backward(
-            [
+        // Kept in the op's own state, and in a store another op reads.
+        for output_store in [None, Some(SharedInput16::default())] {
+            let op = Bf16VarlenAttention {
+                attention: VarlenAttention {
+                    cu_seqlens: cu.clone().into(),
+                    dims,
+                    scale: 0.3,
+                },
+                output_store: output_store.clone(),
+            };
+            let q_shape = [t, dims.num_heads, dims.head_dim];
+            let kv_shape = [t, dims.num_kv_heads, dims.head_dim];
+            let output = op.forward([
                 HostTensor {
-                    values: &[],
+                    values: &q,
                     shape: &q_shape,
                 },
                 HostTensor {
-                    values: &[],
+                    values: &k,
                     shape: &kv_shape,
                 },
                 HostTensor {
-                    values: &[],
+                    values: &v,
                     shape: &kv_shape,
                 },
-            ],
-            &[],
-            &output.saved,
-            &d_out,
-            [true; 3],
-        );
-        let saved = (
-            expected_out.as_slice(),
-            kernel.lse.as_slice(),
-            &rounded(&d_out)[..],
-        );
-        let expected = products::backward(rounded_inputs, saved, &cu, dims, 0.3);
-        for (name, got, want) in [
-            ("dq", &grads[0], &expected.dq),
-            ("dk", &grads[1], &expected.dk),
-            ("dv", &grads[2], &expected.dv),
-        ] {
+            ]);
+            assert_eq!(output.shape, q_shape.to_vec());
             assert_eq!(
-                bits(got),
-                bits(want),
-                "{name} differs from the products kernel on rounded values"
+                bits(&output.values),
+                bits(&expected_out),
+                "forward differs from the products kernel on rounded inputs"
             );
+            // q, k, v and out at 2 bytes a value, lse at 4; out in the
+            // store instead where there is one, the output's bits.
+            let (q_len, kv_len) = (t * dims.q_row(), t * dims.kv_row());
+            let out_slots = if output_store.is_some() {
+                0
+            } else {
+                q_len.div_ceil(2)
+            };
+            assert_eq!(
+                output.saved.len(),
+                out_slots + q_len.div_ceil(2) + 2 * kv_len.div_ceil(2) + t * dims.num_heads
+            );
+            if let Some(kept) = &output_store {
+                assert_eq!(bits(&widen_slice(kept.values())), bits(&expected_out));
+            }
+
+            // KEEPS_INPUTS is false: the backward pass gets shapes, no values.
+            let grads = op.backward(
+                [
+                    HostTensor {
+                        values: &[],
+                        shape: &q_shape,
+                    },
+                    HostTensor {
+                        values: &[],
+                        shape: &kv_shape,
+                    },
+                    HostTensor {
+                        values: &[],
+                        shape: &kv_shape,
+                    },
+                ],
+                &[],
+                &output.saved,
+                &d_out,
+                [true; 3],
+            );
+            let saved = (
+                expected_out.as_slice(),
+                kernel.lse.as_slice(),
+                &rounded(&d_out)[..],
+            );
+            let expected = products::backward(rounded_inputs, saved, &cu, dims, 0.3);
+            for (name, got, want) in [
+                ("dq", &grads[0], &expected.dq),
+                ("dk", &grads[1], &expected.dk),
+                ("dv", &grads[2], &expected.dv),
+            ] {
+                assert_eq!(
+                    bits(got),
+                    bits(want),
+                    "{name} differs from the products kernel on rounded values"
+                );
+            }
         }
         // Rounding mattered: the raw inputs hold bits below bf16's.
         for (raw, rounded) in [(&q, &qr), (&k, &kr), (&v, &vr)] {
@@ -307,7 +347,7 @@ mod tests {
             let kt = trainable(float_tensor(ks, kv_shape, &device));
             let vt = trainable(float_tensor(vs, kv_shape, &device));
             let out = if bf16 {
-                bf16_varlen_attention(qt.clone(), kt.clone(), vt.clone(), &rows, scale)
+                bf16_varlen_attention(qt.clone(), kt.clone(), vt.clone(), &rows, scale, None)
                     .expect("CPU")
             } else {
                 composed_varlen_attention(qt.clone(), kt.clone(), vt.clone(), &meta, &masks)
@@ -359,5 +399,76 @@ mod tests {
             worst.push((name, share));
         }
         eprintln!("largest errors: output {worst_out:e} of max |v|; gradients {worst:?}");
+    }
+
+    /// The attention and `o_proj` keeping the attention's output once (the
+    /// kernel's store, which `o_proj` reads) or each its own bf16 copy:
+    /// the same output and every gradient (q, k, v and `o_proj`'s weight,
+    /// from its copy and from the master weight) bit for bit, and the
+    /// store made by the attention's forward pass.
+    #[test]
+    fn the_attention_and_o_proj_keep_its_output_once() {
+        use crate::kernels::bf16::round_slice;
+        use crate::kernels::{Weight16, bf16_linear_sharing_input, bf16_linear_storing_input};
+        let (cu, dims, [q, k, v], _) = case();
+        let t = *cu.last().expect("offsets") as usize;
+        let device = cpu_device(true);
+        let q_shape = [t, dims.num_heads, dims.head_dim];
+        let kv_shape = [t, dims.num_kv_heads, dims.head_dim];
+        let rows = AttentionRows::new(cu.clone().into(), &device);
+        let (width, o) = (dims.q_row(), 12);
+        let w0: Vec<f32> = (0..o * width)
+            .map(|i| (i as f32 * 0.377).cos() * 0.3 + 1e-5 * (i % 5) as f32)
+            .collect();
+        let dy: Vec<f32> = (0..t * o).map(|i| (i as f32 * 0.91).sin()).collect();
+        let run = |sharing: bool, from_copy: bool| {
+            let qt = trainable(float_tensor(q.clone(), q_shape, &device));
+            let kt = trainable(float_tensor(k.clone(), kv_shape, &device));
+            let vt = trainable(float_tensor(v.clone(), kv_shape, &device));
+            let w = trainable(float_tensor(w0.clone(), [o, width], &device));
+            let weight16 = || {
+                if from_copy {
+                    Weight16::Copy(round_slice(&w0).into())
+                } else {
+                    Weight16::Master
+                }
+            };
+            let store = sharing.then(SharedInput16::default);
+            let context = bf16_varlen_attention(
+                qt.clone(),
+                kt.clone(),
+                vt.clone(),
+                &rows,
+                0.3,
+                store.clone(),
+            )
+            .expect("CPU")
+            .reshape([t, width]);
+            if let Some(store) = &store {
+                assert!(store.is_stored(), "kept by the attention's forward pass");
+            }
+            let y = match &store {
+                Some(store) => bf16_linear_sharing_input(context, w.clone(), weight16(), store),
+                None => bf16_linear_storing_input(context, w.clone(), weight16()),
+            }
+            .expect("CPU");
+            let grads =
+                run_backward(&(y.clone() * float_tensor(dy.clone(), [t, o], &device)).sum());
+            let mut out = vec![y.into_vec()];
+            out.extend([&qt, &kt, &vt].map(|x| grad(x, &grads).expect("gradient").into_vec()));
+            out.push(grad(&w, &grads).expect("dW").into_vec());
+            out
+        };
+        for from_copy in [true, false] {
+            let (ours, theirs) = (run(true, from_copy), run(false, from_copy));
+            for (at, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "{} differs, from the copy {from_copy}",
+                    ["output", "dq", "dk", "dv", "dW"][at]
+                );
+            }
+        }
     }
 }

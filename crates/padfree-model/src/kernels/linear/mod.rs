@@ -10,17 +10,16 @@
 //! # Shapes
 //! `N` rows, `C` input width, `O` output width.
 
-use std::sync::{Arc, OnceLock};
-
-use half::bf16;
+use std::sync::OnceLock;
 
 use burn::tensor::FloatDType;
 
 use super::attention::is_cpu;
-use super::bf16::{load, round_in_place, round_slice, rounded_copy, store};
+use super::bf16::{load, round_in_place, rounded_copy, store};
 use super::gemm::{View, product};
 use super::gemm_bf16::{self, View16, Weight16};
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use super::shared16::SharedInput16;
 use crate::precision::HalfFloat;
 use crate::tensor::{Tensor, linear, with_host_values};
 
@@ -94,36 +93,6 @@ fn bf16_op<const STORES_INPUT: bool>(
     apply::<_, 2, 2, 2>(op, [x, w])
 }
 
-/// One input that several bf16 linear layers read (a norm's rounded
-/// output: q, k and v read one, gate and up another), kept once for all
-/// their backward passes, as bf16, by whichever of them runs first.
-/// Apart, each kept the f32 tensor (shared, 4 bytes a value); now nothing
-/// keeps it and the layers keep 2 bytes a value between them. Only where
-/// the products pack their operands (the AMX and `vdpbf16ps` bodies),
-/// which read the bf16 values as they are; the widened body would widen
-/// them again in every backward product, so there the layers keep the f32
-/// tensor, which it reads where it lies (as with the weights' copies).
-#[derive(Debug, Clone, Default)]
-pub struct SharedInput16(Arc<OnceLock<Vec<bf16>>>);
-
-impl SharedInput16 {
-    /// A handle for the readers of one input, or `None` where the body
-    /// widens its operands (see above).
-    pub fn for_packed_bodies() -> Option<Self> {
-        (!gemm_bf16::rounds_shared_operands_once()).then(Self::default)
-    }
-
-    /// The input as bf16, made from `x` (bf16 values) the first time.
-    fn stored(&self, x: &[f32]) -> &[bf16] {
-        self.0.get_or_init(|| round_slice(x))
-    }
-
-    /// Whether some reader has stored it.
-    pub fn is_stored(&self) -> bool {
-        self.0.get().is_some()
-    }
-}
-
 /// [`bf16_linear`] over an input other layers read too (`shared`, one
 /// handle for all of them): kept once, as bf16, for all their backward
 /// passes; the same output and gradients. `x` holds bf16 values (the
@@ -144,6 +113,7 @@ pub fn bf16_linear_sharing_input(
         weight16,
         master,
         shared: shared.clone(),
+        tracked: None,
     };
     apply::<_, 2, 2, 2>(op, [x, w])
 }
@@ -154,6 +124,11 @@ struct Bf16SharedLinear {
     weight16: Weight16,
     master: Option<Tensor<2>>,
     shared: SharedInput16,
+    /// Which of `x` and `W` the graph tracks: a frozen `W` (LoRA leaves
+    /// `gate_proj` and `up_proj` without adapters) makes no `dW`, so its
+    /// op stores nothing; the group's store is made only if a reader that
+    /// trains asks for it.
+    tracked: Option<[bool; 2]>,
 }
 
 impl HostOp<2> for Bf16SharedLinear {
@@ -162,14 +137,27 @@ impl HostOp<2> for Bf16SharedLinear {
     /// `x` comes back from the shared store, `W` from its copy or master.
     const KEEPS_INPUTS: bool = false;
 
+    fn tracking(self, tracked: [bool; 2]) -> Self {
+        Self {
+            tracked: Some(tracked),
+            ..self
+        }
+    }
+
     fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {
         let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
-        let stored = self.shared.stored(x.values);
-        assert_eq!(stored.len(), n * c, "a shared input of another shape");
-        let mut values = gemm_bf16::product(
-            View16::bf16(stored, n, c),
-            self.weight16.view(w.values, o, c).t(),
-        );
+        let makes_dw = self.tracked.is_none_or(|tracked| tracked[1]);
+        // The store where `dW` needs it or another reader made it; else
+        // `x` itself, which the product rounds as it packs: the same
+        // values (`x` holds bf16 values), so the same bits.
+        let x16 = if makes_dw || self.shared.is_stored() {
+            let stored = self.shared.stored(x.values);
+            assert_eq!(stored.len(), n * c, "a shared input of another shape");
+            View16::bf16(stored, n, c)
+        } else {
+            View16::f32(x.values, n, c)
+        };
+        let mut values = gemm_bf16::product(x16, self.weight16.view(w.values, o, c).t());
         round_in_place(&mut values);
         HostOutput {
             values,
@@ -189,8 +177,7 @@ impl HostOp<2> for Bf16SharedLinear {
         let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
         let weight = (&self.weight16, self.master.as_ref(), w.values);
         bf16_gradients(d_out, [n, c, o], needed, weight, |dy| {
-            let stored = self.shared.0.get().expect("stored by the forward pass");
-            gemm_bf16::product(dy.t(), View16::bf16(stored, n, c))
+            gemm_bf16::product(dy.t(), View16::bf16(self.shared.values(), n, c))
         })
     }
 }
@@ -689,6 +676,67 @@ mod tests {
                     a, b,
                     "gradient {at} (0: the input), from the copy {from_copy}"
                 );
+            }
+        }
+    }
+
+    /// Readers whose weights are frozen (LoRA's `gate_proj` and `up_proj`)
+    /// make no `dW`, so they leave the group's store unmade unless a
+    /// reader that trains makes it: the same output and input gradient bit
+    /// for bit as the layers apart, with every reader frozen (no store)
+    /// and with the first frozen and the others trained (stored by the
+    /// second).
+    #[test]
+    fn frozen_readers_store_nothing() {
+        use crate::kernels::bf16::{round_slice, rounded};
+        let device = cpu_device(true);
+        let (n, c) = (37, 32);
+        let outs = [16, 8, 8];
+        let x0: Vec<f32> = random(n * c, 41).into_iter().map(rounded).collect();
+        let w0: Vec<Vec<f32>> = (0..3).map(|k| random(outs[k] * c, 42 + k as u64)).collect();
+        for trained in [[false, false, false], [false, true, true]] {
+            let run = |sharing: bool| {
+                let x = trainable(float_tensor(x0.clone(), [n, c], &device));
+                let shared = SharedInput16::default();
+                let mut loss = None;
+                let mut ws = Vec::new();
+                for (k, &o) in outs.iter().enumerate() {
+                    let w = float_tensor(w0[k].clone(), [o, c], &device);
+                    let w = if trained[k] { trainable(w) } else { w };
+                    let weight16 = Weight16::Copy(round_slice(&w0[k]).into());
+                    let y = if sharing {
+                        bf16_linear_sharing_input(x.clone(), w.clone(), weight16, &shared)
+                    } else {
+                        bf16_linear(x.clone(), w.clone(), weight16)
+                    }
+                    .expect("f32 on the CPU");
+                    if sharing {
+                        let first_trained = trained.iter().position(|&t| t);
+                        let stored = first_trained.is_some_and(|first| k >= first);
+                        assert_eq!(shared.is_stored(), stored, "reader {k} of {trained:?}");
+                    }
+                    let dy = float_tensor(random(n * o, 50 + k as u64), [n, o], &device);
+                    let term = (y.clone() * dy).sum();
+                    loss = Some(match loss {
+                        Some(sum) => sum + term,
+                        None => term,
+                    });
+                    ws.push((y.into_vec(), w));
+                }
+                let grads = backward(&loss.expect("three layers"));
+                let mut out = vec![grad(&x, &grads).expect("dx").into_vec()];
+                for (k, (y, w)) in ws.iter().enumerate() {
+                    out.push(y.clone());
+                    if trained[k] {
+                        out.push(grad(w, &grads).expect("dW").into_vec());
+                    }
+                }
+                out
+            };
+            let (ours, theirs) = (run(true), run(false));
+            assert_eq!(ours.len(), theirs.len());
+            for (at, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                assert_eq!(a, b, "value {at} (0: dx), trained {trained:?}");
             }
         }
     }
