@@ -119,6 +119,15 @@ pub(crate) fn is_cpu(device: &Device) -> bool {
     device.clone().inner() == Device::flex()
 }
 
+/// A host-only kernel's refusal (`why`) off the CPU.
+pub(crate) fn cpu_only(device: &Device, why: &str) -> Result<(), UnsupportedTensor> {
+    if is_cpu(device) {
+        Ok(())
+    } else {
+        Err(UnsupportedTensor(why.into()))
+    }
+}
+
 /// Fused causal attention of every example of a flattened batch: the host
 /// kernel on the CPU, the CubeCL kernel (`cube.rs`) on a GPU.
 ///

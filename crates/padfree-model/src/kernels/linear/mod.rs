@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use burn::tensor::FloatDType;
 
-use super::attention::is_cpu;
+use super::attention::{cpu_only, is_cpu};
 use super::bf16::{load, round_in_place, rounded_copy, store};
 use super::gemm::{View, product};
 use super::gemm_bf16::{self, View16, Weight16};
@@ -82,15 +82,28 @@ fn bf16_op<const STORES_INPUT: bool>(
     w: Tensor<2>,
     weight16: Weight16,
 ) -> Result<Tensor<2>, UnsupportedTensor> {
-    if !is_cpu(&x.device()) {
-        return Err(UnsupportedTensor(
-            "bf16 matmuls run on the CPU only in this build".into(),
-        ));
-    }
+    bf16_on_the_cpu(&x)?;
     let master = master_handle(&w, &weight16).filter(|_| STORES_INPUT);
     let op =
         Bf16Linear::<STORES_INPUT>::new(weight16, master, gemm_bf16::rounds_shared_operands_once());
     apply::<_, 2, 2, 2>(op, [x, w])
+}
+
+/// The bf16 linear ops' refusal off the CPU (a GPU's are `half_*`).
+fn bf16_on_the_cpu(x: &Tensor<2>) -> Result<(), UnsupportedTensor> {
+    cpu_only(
+        &x.device(),
+        "bf16 matmuls run on the CPU only in this build",
+    )
+}
+
+/// Whether a linear op's gradients read input `index` (0: `x`, 1: `W`),
+/// given which of them the graph tracks (`None`: not told yet, so yes):
+/// `x` only for `dW`, `W` only for `dx`. A frozen layer under LoRA (the
+/// default adapters leave `gate_proj` and `up_proj` frozen) needs not its
+/// input.
+fn read_by_gradients(tracked: Option<[bool; 2]>, index: usize) -> bool {
+    tracked.is_none_or(|tracked| tracked[1 - index])
 }
 
 /// [`bf16_linear`] over an input other layers read too (`shared`, one
@@ -103,11 +116,7 @@ pub fn bf16_linear_sharing_input(
     weight16: Weight16,
     shared: &SharedInput16,
 ) -> Result<Tensor<2>, UnsupportedTensor> {
-    if !is_cpu(&x.device()) {
-        return Err(UnsupportedTensor(
-            "bf16 matmuls run on the CPU only in this build".into(),
-        ));
-    }
+    bf16_on_the_cpu(&x)?;
     let master = master_handle(&w, &weight16);
     let op = Bf16SharedLinear {
         weight16,
@@ -146,7 +155,7 @@ impl HostOp<2> for Bf16SharedLinear {
 
     fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {
         let (n, c, o) = (x.shape[0], x.shape[1], w.shape[0]);
-        let makes_dw = self.tracked.is_none_or(|tracked| tracked[1]);
+        let makes_dw = read_by_gradients(self.tracked, 0);
         // The store where `dW` needs it or another reader made it; else
         // `x` itself, which the product rounds as it packs: the same
         // values (`x` holds bf16 values), so the same bits.
@@ -370,9 +379,8 @@ impl<const STORES_INPUT: bool> HostOp<2> for Bf16Linear<STORES_INPUT> {
         }
     }
 
-    /// As the f32 op: `x` only for `dW`, `W` only for `dx`.
     fn keeps_input(&self, index: usize) -> bool {
-        self.tracked.is_none_or(|tracked| tracked[1 - index])
+        read_by_gradients(self.tracked, index)
     }
 
     fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {
@@ -442,11 +450,8 @@ impl HostOp<2> for Linear {
         }
     }
 
-    /// `x` only for `dW`, `W` only for `dx`: a frozen layer under LoRA
-    /// (the default adapters leave `gate_proj` and `up_proj` frozen) kept
-    /// its input, the MLP norm's output, for a `dW` it never makes.
     fn keeps_input(&self, index: usize) -> bool {
-        self.tracked.is_none_or(|tracked| tracked[1 - index])
+        read_by_gradients(self.tracked, index)
     }
 
     fn forward(&self, [x, w]: [HostTensor<'_>; 2]) -> HostOutput {

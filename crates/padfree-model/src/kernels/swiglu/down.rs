@@ -18,7 +18,7 @@
 //! gradients `[N, I]`, `W` `[C, I]`, the output `[N, C]`.
 
 use super::{backward as swiglu_backward, forward as swiglu_forward, forward_rounded};
-use crate::kernels::attention::is_cpu;
+use crate::kernels::attention::cpu_only;
 use crate::kernels::bf16::{load, round_in_place, store};
 use crate::kernels::gemm::{View, product};
 use crate::kernels::gemm_bf16::{self, View16, Weight16};
@@ -59,13 +59,10 @@ pub fn bf16_swiglu_down(
 }
 
 fn on_the_cpu(x: &Tensor<2>) -> Result<(), UnsupportedTensor> {
-    if is_cpu(&x.device()) {
-        Ok(())
-    } else {
-        Err(UnsupportedTensor(
-            "SwiGLU and down_proj run as one op on the CPU only".into(),
-        ))
-    }
+    cpu_only(
+        &x.device(),
+        "SwiGLU and down_proj run as one op on the CPU only",
+    )
 }
 
 #[derive(Debug, Clone)]
