@@ -66,7 +66,7 @@ pub use lora::peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir};
 pub use lora::{DropoutDraw, LoraConfig, LoraTarget};
 pub use loss::{HEAD_CHUNK_BYTES, LabelRows, LossSum, causal_lm_loss};
 pub use model::LlamaModel;
-pub use precision::{HalfFloat, Precision};
+pub use precision::{CopyToWrite, HalfFloat, Precision};
 pub use weights::gguf;
 pub use weights::gguf::tokenizer_from_gguf;
 pub use weights::safetensors::{write_atomically, write_f32_file};

@@ -22,6 +22,10 @@ use burn::tensor::{DType, FloatDType};
 use half::bf16;
 use serde::{Deserialize, Serialize};
 
+use rayon::iter::{Either, IndexedParallelIterator};
+use rayon::slice::ParallelSliceMut;
+
+use crate::kernels::FreshArc;
 use crate::kernels::bf16::{round_into, round_slice};
 use crate::kernels::gemm_bf16;
 use crate::tensor::{Tensor, with_host_values};
@@ -110,6 +114,71 @@ impl HalfFloat {
     }
 }
 
+/// One weight's bf16 copy for the optimizer's update to write, as it
+/// writes the weight: last step's copy in place, or a new one made as it
+/// is written (the room taken only then, chunk by chunk: after the
+/// backward pass freed last step's, the update makes each copy in the
+/// room its weight's gradient leaves).
+pub struct CopyToWrite<'a> {
+    slot: &'a mut Option<Arc<[bf16]>>,
+    len: usize,
+    fresh: Option<FreshArc<bf16>>,
+}
+
+impl<'a> CopyToWrite<'a> {
+    /// A copy of `len` values for `slot`: written in place where the slot
+    /// holds one of that length that nothing else holds, else made new.
+    pub fn new(slot: &'a mut Option<Arc<[bf16]>>, len: usize) -> Self {
+        if slot
+            .as_mut()
+            .is_some_and(|copy| copy.len() != len || Arc::get_mut(copy).is_none())
+        {
+            *slot = None;
+        }
+        Self {
+            slot,
+            len,
+            fresh: None,
+        }
+    }
+
+    /// How many values the copy holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The copy's values in chunks of `size`, for the writer to set every
+    /// one of (a new copy's are zeros until then).
+    pub fn par_chunks_mut(
+        &mut self,
+        size: usize,
+    ) -> impl IndexedParallelIterator<Item = &mut [bf16]> + '_ {
+        match self.slot.as_mut().and_then(Arc::get_mut) {
+            Some(copy) => Either::Left(copy.par_chunks_mut(size)),
+            None => {
+                let len = self.len;
+                let fresh = self.fresh.get_or_insert_with(|| FreshArc::new(len));
+                Either::Right(fresh.par_chunks_mut(size))
+            }
+        }
+    }
+
+    /// Puts a new copy in the model's place once written.
+    ///
+    /// # Panics
+    /// When a new copy's chunks were not all handed out.
+    pub fn done(self) {
+        if let Some(fresh) = self.fresh {
+            *self.slot = Some(fresh.finish());
+        }
+    }
+}
+
 /// The bf16 copies of the matrices the matmuls read, indexed like the
 /// model's parameters (`None` where a parameter is no matmul operand).
 #[derive(Debug, Clone)]
@@ -127,6 +196,9 @@ pub(crate) struct Bf16Weights {
     pub host_copies: bool,
     /// How many times the copies were made (tests check "once per step").
     pub refreshes: u64,
+    /// The lengths of the copies let go of by [`Self::release`] (0 where
+    /// none was), for the update to make again.
+    pub released: Vec<usize>,
 }
 
 impl Default for Bf16Weights {
@@ -137,6 +209,7 @@ impl Default for Bf16Weights {
             half: None,
             host_copies: gemm_bf16::reads_weight_copies(),
             refreshes: 0,
+            released: Vec::new(),
         }
     }
 }
@@ -176,23 +249,41 @@ impl Bf16Weights {
                 })
             })
             .collect();
+        self.released.clear();
         self.refreshes += 1;
     }
 
-    /// The host copies for whoever updates their weights to write (in
-    /// place, where nothing else holds a copy; else into a new one, as
-    /// [`Self::refresh`] would): `None` where a parameter has none. Counts
-    /// as a refresh, which the writer owes: every value of every copy.
-    pub fn lend_for_writing(&mut self) -> Vec<Option<&mut [bf16]>> {
+    /// Lets go of the host copies: whatever else holds one (the ops of a
+    /// forward pass, for their backward pass) keeps it until done with it,
+    /// and then its memory is free. [`Self::lend_for_writing`] makes them
+    /// again. Bytes let go of.
+    pub fn release(&mut self) -> usize {
+        self.released = self
+            .copies
+            .iter_mut()
+            .map(|copy| copy.take().map_or(0, |c| c.len()))
+            .collect();
+        2 * self.released.iter().sum::<usize>()
+    }
+
+    /// The host copies for whoever updates their weights to write, in
+    /// parameter order (`None` where a parameter has none): last step's
+    /// in place where nothing else holds it, else (held elsewhere, or let
+    /// go of by [`Self::release`]) a new one, allocated only when its
+    /// writer starts on it. Counts as a refresh, which the writer owes:
+    /// every value of every copy ([`CopyToWrite::done`]).
+    pub fn lend_for_writing(&mut self) -> Vec<Option<CopyToWrite<'_>>> {
         self.refreshes += 1;
+        let mut released = std::mem::take(&mut self.released).into_iter();
         self.copies
             .iter_mut()
-            .map(|copy| {
-                let copy = copy.as_mut()?;
-                if Arc::get_mut(copy).is_none() {
-                    *copy = vec![bf16::ZERO; copy.len()].into();
-                }
-                Arc::get_mut(copy).map(|values| &mut values[..])
+            .map(|slot| {
+                let was_released = released.next().unwrap_or(0);
+                let len = match slot {
+                    Some(copy) => copy.len(),
+                    None => was_released,
+                };
+                (slot.is_some() || len > 0).then(|| CopyToWrite::new(slot, len))
             })
             .collect()
     }

@@ -24,6 +24,7 @@ use padfree_model::tensor::backward;
 use padfree_model::tensor::{IntoHostVec, cpu_device};
 use padfree_model::{LlamaConfig, LlamaModel, ModelInput, Precision};
 use padfree_pack::{flatten, pad};
+use rayon::iter::ParallelIterator;
 use safetensors::SafeTensors;
 
 fn bf16_model(autodiff: bool) -> LlamaModel {
@@ -156,6 +157,75 @@ fn bf16_from_the_weights_or_from_their_copies_is_the_same_bits() {
     }
 }
 
+/// Let go of by the model between the forward and the backward pass
+/// (`release_bf16_copies`, as the trainer does), the copies are held by
+/// the pass's ops alone, and the backward pass frees every one of them;
+/// its gradients are the same bits as with the model holding them; the
+/// update is handed new copies of the lengths let go of, and the model
+/// reads what was written there.
+#[test]
+fn bf16_copies_let_go_of_are_freed_by_the_backward_pass_and_made_again() {
+    let vocab = LlamaConfig::tiny().vocab_size as u32;
+    let packed = flatten(&examples(&[4, 19, 2, 11], vocab, 5)).expect("flattens");
+    let input = ModelInput::Varlen(&packed);
+    let run = |release: bool| {
+        let mut model = bf16_model(true).with_bf16_weight_copies(true);
+        let held = model.releasable_bf16_bytes();
+        let sum = model.loss_sum(&input).expect("loss").sum;
+        let handles: Vec<_> = model.bf16_copy_handles().into_iter().flatten().collect();
+        assert!(!handles.is_empty(), "copies to let go of");
+        if release {
+            assert_eq!(model.release_bf16_copies(), held, "bytes let go of");
+            assert!(held > 0);
+            assert!(model.bf16_copy_handles().iter().all(Option::is_none));
+            assert!(model.bf16_reads_weight_copies(), "still the copies' model");
+            assert!(
+                handles.iter().all(|h| h.upgrade().is_some()),
+                "the forward pass's ops hold every copy"
+            );
+        }
+        let grads = param_grads(&model, &backward(&sum));
+        let alive = handles.iter().filter(|h| h.upgrade().is_some()).count();
+        assert_eq!(
+            alive,
+            if release { 0 } else { handles.len() },
+            "copies alive after the backward pass (release: {release})"
+        );
+        (model, grads)
+    };
+    let (mut released, released_grads) = run(true);
+    let (_, held_grads) = run(false);
+    for ((name, a), (_, b)) in released_grads.iter().zip(&held_grads) {
+        assert!(a.iter().any(|&g| g != 0.0), "{name}: no gradient");
+        assert_eq!(a, b, "{name}");
+    }
+    let lens: Vec<usize> = released.params().iter().map(|p| p.numel()).collect();
+    let refreshes = released.bf16_refreshes();
+    let written = released.bf16_copies_to_write().expect("host copies");
+    let mut made = 0;
+    for (index, copy) in written.into_iter().enumerate() {
+        if let Some(mut copy) = copy {
+            assert_eq!(copy.len(), lens[index], "parameter {index}");
+            copy.par_chunks_mut(7)
+                .for_each(|chunk| chunk.fill(half::bf16::from_f32(0.25)));
+            copy.done();
+            made += 1;
+        }
+    }
+    let config = released.config().clone();
+    assert_eq!(
+        made,
+        7 * config.num_hidden_layers + 1,
+        "every copy made again"
+    );
+    assert_eq!(released.bf16_refreshes(), refreshes + 1);
+    for (index, &len) in lens.iter().enumerate() {
+        if let Some(copy) = released.bf16_copy_values(index) {
+            assert_eq!(copy, vec![0.25; len], "parameter {index}");
+        }
+    }
+}
+
 #[test]
 fn the_bf16_copies_are_the_rounded_weights_and_count_their_refreshes() {
     // Copies whatever this CPU's body would choose.
@@ -221,16 +291,17 @@ fn the_bf16_copies_are_the_rounded_weights_and_count_their_refreshes() {
     let kept: Vec<bool> = (0..checked)
         .map(|i| model.bf16_copy_values(i).is_some())
         .collect();
-    let mut written = model.bf16_copies_to_write().expect("host copies");
+    let written = model.bf16_copies_to_write().expect("host copies");
     assert_eq!(written.len(), checked);
-    for (index, copy) in written.iter_mut().enumerate() {
+    for (index, copy) in written.into_iter().enumerate() {
         assert_eq!(copy.is_some(), kept[index], "parameter {index}");
-        if let Some(copy) = copy {
+        if let Some(mut copy) = copy {
             assert_eq!(copy.len(), lens[index]);
-            copy.fill(half::bf16::from_f32(0.5));
+            copy.par_chunks_mut(1000)
+                .for_each(|chunk| chunk.fill(half::bf16::from_f32(0.5)));
+            copy.done();
         }
     }
-    drop(written);
     assert_eq!(model.bf16_refreshes(), 3);
     assert_eq!(model.bf16_copy_values(at), Some(vec![0.5; lens[at]]));
     // f32 holds no copies, counts none, and hands none out.

@@ -1,6 +1,7 @@
 use std::ops::Range;
 
 use half::bf16;
+use padfree_model::CopyToWrite;
 use padfree_model::kernels::{AdamWStep, adamw_update, round_bf16, simd_dispatch};
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, float_tensor};
 use rayon::prelude::*;
@@ -245,14 +246,17 @@ impl AdamW {
     /// One update with `grads` (same order and sizes as the parameters),
     /// each multiplied by `grad_scale` first (the clipping coefficient).
     pub fn step(&mut self, grads: &[Vec<f32>], grad_scale: f32, lr: f64) {
-        self.step_writing_bf16(grads, grad_scale, lr, &mut []);
+        self.update(grads.iter().map(Vec::as_slice), grad_scale, lr, &mut []);
     }
 
     /// [`Self::step`], writing each updated parameter that has an entry in
     /// `copies` (same order; missing or `None`: none) rounded to bf16 there
     /// too, in the same pass (`--bf16`'s weight copies: the values
     /// `LlamaModel::refresh_bf16_weights` would make, without reading the
-    /// weights again).
+    /// weights again). Each gradient is freed once its parameter is
+    /// updated, so that a copy made new here (its last one freed in the
+    /// backward pass: `LlamaModel::release_bf16_copies`) takes the room
+    /// of the gradients before it rather than adding to them.
     ///
     /// # Panics
     /// When a copy's length is not its parameter's, or a copy is given for
@@ -260,10 +264,21 @@ impl AdamW {
     /// arrives with the all-gather, so the caller refreshes after that).
     pub fn step_writing_bf16(
         &mut self,
-        grads: &[Vec<f32>],
+        grads: Vec<Vec<f32>>,
         grad_scale: f32,
         lr: f64,
-        copies: &mut [Option<&mut [bf16]>],
+        copies: &mut [Option<CopyToWrite<'_>>],
+    ) {
+        self.update(grads.into_iter(), grad_scale, lr, copies);
+    }
+
+    /// The update, each gradient dropped once its parameter is done.
+    fn update<G: AsRef<[f32]>>(
+        &mut self,
+        grads: impl Iterator<Item = G>,
+        grad_scale: f32,
+        lr: f64,
+        copies: &mut [Option<CopyToWrite<'_>>],
     ) {
         self.step += 1;
         let bias_correction1 = 1.0 - self.beta1.powi(self.step as i32);
@@ -273,6 +288,7 @@ impl AdamW {
         let (beta1, beta2, eps) = (self.beta1 as f32, self.beta2 as f32, self.epsilon as f32);
         let decay_factor = (1.0 - lr * self.weight_decay) as f32;
         for (index, (state, grad)) in self.groups.iter_mut().zip(grads).enumerate() {
+            let grad = grad.as_ref();
             let update = Update {
                 grad_scale,
                 decay: if state.decays { decay_factor } else { 1.0 },
@@ -295,14 +311,14 @@ impl AdamW {
             // ms for SmolLM2-135M's 135M values on 2 threads (then it is
             // the memory's 34 GB/s). IEEE square roots and quotients round
             // the same in every width: the same bits.
-            match copies.get_mut(index).and_then(Option::as_deref_mut) {
+            match copies.get_mut(index).and_then(Option::take) {
                 None => chunks.for_each(|(((values, exp_avg), exp_avg_sq), grad)| {
                     simd_dispatch(
                         #[inline(always)]
                         || update.apply(values, exp_avg, exp_avg_sq, grad),
                     );
                 }),
-                Some(copy) => {
+                Some(mut copy) => {
                     assert!(
                         copy.len() == state.numel && shard == (0..state.numel),
                         "parameter {}: a bf16 copy of {} values for an update of {:?} of {}",
@@ -319,6 +335,7 @@ impl AdamW {
                             );
                         },
                     );
+                    copy.done();
                 }
             }
         }
@@ -491,6 +508,8 @@ impl AdamW {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     /// The update compiled for this CPU's best instruction set gives the
@@ -641,16 +660,38 @@ mod tests {
         let grads = vec![wave(long, 1.3), wave(9, 2.1)];
         let mut plain = AdamW::new(params, 0.9, 0.999, 1e-8, 0.01);
         let mut writing = plain.clone();
-        let mut copy = vec![bf16::ZERO; long];
-        for step in 0..3 {
+        let mut slot: Option<Arc<[bf16]>> = None;
+        for step in 0..4 {
             plain.step(&grads, 0.5, 1e-3);
-            // A stale copy each step: every value must be written.
-            copy.fill(bf16::from_f32(f32::NAN));
-            writing.step_writing_bf16(&grads, 0.5, 1e-3, &mut [Some(&mut copy), None]);
+            // Even steps make a new copy (none yet, or let go of: the
+            // backward pass freed it); odd steps write last step's in
+            // place, made stale first: every value must be written.
+            let in_place = match &mut slot {
+                Some(copy) if step % 2 == 1 => {
+                    Arc::get_mut(copy)
+                        .expect("nothing else holds it")
+                        .fill(bf16::from_f32(f32::NAN));
+                    Some(Arc::as_ptr(copy))
+                }
+                _ => {
+                    slot = None;
+                    None
+                }
+            };
+            writing.step_writing_bf16(
+                grads.clone(),
+                0.5,
+                1e-3,
+                &mut [Some(CopyToWrite::new(&mut slot, long)), None],
+            );
             assert_eq!(
                 writing, plain,
                 "step {step}: values and moments as a plain update"
             );
+            let copy = slot.as_ref().expect("the update made the copy");
+            if let Some(before) = in_place {
+                assert_eq!(Arc::as_ptr(copy), before, "step {step}: written in place");
+            }
             let rounded: Vec<u16> = plain
                 .values(0)
                 .iter()
@@ -668,8 +709,13 @@ mod tests {
     #[should_panic(expected = "a bf16 copy of 3 values")]
     fn a_bf16_copy_of_another_length_is_refused() {
         let mut adamw = AdamW::new(vec![("w".into(), vec![1.0; 4])], 0.9, 0.999, 1e-8, 0.0);
-        let mut copy = vec![bf16::ZERO; 3];
-        adamw.step_writing_bf16(&[vec![1.0; 4]], 1.0, 0.1, &mut [Some(&mut copy)]);
+        let mut copy: Option<Arc<[bf16]>> = Some(vec![bf16::ZERO; 3].into());
+        adamw.step_writing_bf16(
+            vec![vec![1.0; 4]],
+            1.0,
+            0.1,
+            &mut [Some(CopyToWrite::new(&mut copy, 3))],
+        );
     }
 
     #[test]

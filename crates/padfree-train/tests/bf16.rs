@@ -33,6 +33,47 @@ fn losses(config: TrainConfig, name: &str) -> Vec<f64> {
     t.step_losses().to_vec()
 }
 
+/// Every weight's bits, in parameter order.
+fn weight_bits(model: &LlamaModel) -> Vec<Vec<u32>> {
+    model
+        .params()
+        .into_iter()
+        .map(|p| {
+            p.value
+                .clone()
+                .into_vec()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        })
+        .collect()
+}
+
+/// How many bf16 copies the model holds, each checked to be its weight
+/// rounded (the final weights, after a run).
+fn copies_of_the_weights(model: &LlamaModel) -> usize {
+    let mut checked = 0;
+    for (index, param) in model.params().into_iter().enumerate() {
+        if let Some(copy) = model.bf16_copy_values(index) {
+            let rounded: Vec<f32> = param
+                .value
+                .clone()
+                .into_vec()
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_f32())
+                .collect();
+            assert_eq!(
+                copy,
+                rounded,
+                "{}: the copy is not of the final weights",
+                param.name()
+            );
+            checked += 1;
+        }
+    }
+    checked
+}
+
 /// bf16 rounds every matmul operand to 8 mantissa bits (relative error up
 /// to 2^-9, about 2e-3); averaged over a loss of many tokens and 20 Adam
 /// steps the losses moved 2.4e-4 relative at most when this was written:
@@ -121,30 +162,59 @@ fn bf16_copies_are_made_once_per_optimizer_step_from_the_updated_weights() {
     // refreshes above are counted either way.
     let copies = Precision::cpu_has_bf16_instructions();
     assert_eq!(model.bf16_reads_weight_copies(), copies);
-    let mut checked = 0;
-    for (index, param) in model.params().into_iter().enumerate() {
-        if let Some(copy) = model.bf16_copy_values(index) {
-            let rounded: Vec<f32> = param
-                .value
-                .clone()
-                .into_vec()
-                .iter()
-                .map(|&v| half::bf16::from_f32(v).to_f32())
-                .collect();
-            assert_eq!(
-                copy,
-                rounded,
-                "{}: the copy is not of the final weights",
-                param.name()
-            );
-            checked += 1;
-        }
-    }
+    let checked = copies_of_the_weights(model);
     assert_eq!(
         checked > 0,
         copies,
         "copies where the body reads them, none elsewhere"
     );
+}
+
+/// With host copies of the weights, the trainer lets go of them between
+/// each step's last forward pass and its backward pass, and the update
+/// makes them again (`LlamaModel::release_bf16_copies`); without copies
+/// the products read the f32 weights rounded, the same values. The two
+/// train the same bits on every machine (the copies forced either way,
+/// whatever this CPU's body would choose), with gradient accumulation so
+/// that a micro-batch before the last runs with the copies held.
+#[test]
+fn bf16_copies_let_go_of_in_the_backward_pass_train_the_same_bits() {
+    let run = TrainConfig {
+        gradient_accumulation_steps: 2,
+        ..config(AttentionMode::Varlen, Precision::Bf16, 4)
+    };
+    let train = |copies: bool| {
+        let dir = scratch_dir(if copies {
+            "bf16-released"
+        } else {
+            "bf16-no-copies"
+        });
+        prepare_output_dir(dir.path(), false, false).expect("output dir");
+        let model = LlamaModel::init(&LlamaConfig::tiny(), 1, &cpu_device(true))
+            .and_then(|m| m.with_precision(Precision::Bf16))
+            .expect("tiny model")
+            .with_bf16_weight_copies(copies);
+        let mut t = Trainer::new(
+            model,
+            examples(40, 128, 3),
+            run.clone(),
+            dir.path(),
+            Vec::new(),
+        )
+        .expect("trainer");
+        t.train(&mut ()).expect("trains");
+        assert_eq!(t.model().bf16_reads_weight_copies(), copies);
+        let losses: Vec<u64> = t.step_losses().iter().map(|l| l.to_bits()).collect();
+        let weights = weight_bits(t.model());
+        // The last update made every copy again, of the final weights.
+        let made = copies_of_the_weights(t.model());
+        let layers = LlamaConfig::tiny().num_hidden_layers;
+        assert_eq!(made, if copies { 7 * layers + 1 } else { 0 });
+        (losses, weights)
+    };
+    let (released, read_rounded) = (train(true), train(false));
+    assert_eq!(released.0, read_rounded.0, "step losses");
+    assert!(released.1 == read_rounded.1, "final weights differ");
 }
 
 #[test]
@@ -181,21 +251,10 @@ fn resume_of_a_bf16_run_is_bit_exact() {
     resumed.train(&mut ()).expect("trains");
     let bits = |losses: &[f64]| losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(resumed.step_losses()), bits(straight.step_losses()));
-    let values = |t: &Trainer| -> Vec<Vec<u32>> {
-        t.model()
-            .params()
-            .into_iter()
-            .map(|p| {
-                p.value
-                    .clone()
-                    .into_vec()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            })
-            .collect()
-    };
-    assert!(values(&resumed) == values(&straight), "weights differ");
+    assert!(
+        weight_bits(resumed.model()) == weight_bits(straight.model()),
+        "weights differ"
+    );
 
     // Resuming the bf16 run in f32 is refused by name.
     let weights = LlamaModel::from_hf_dir(&saved, &cpu_device(true)).expect("checkpoint loads");

@@ -396,15 +396,24 @@ fn check_step_memory(
             on_cpu: model.on_cpu(),
             shares_inputs: SharedInput16::for_packed_bodies().is_some(),
             quantized_base: model.is_quantized(),
+            released_copies: model.releasable_bf16_bytes() as u64,
         },
     );
     let gib = |bytes: u64| bytes as f64 / 1073741824.0;
     say!(
-        "memory: about {:.2} GiB a step: weights {:.2}, training state {:.2}, activations {:.2} (the largest micro-batch: {tokens} tokens, {label_tokens} labelled{})",
+        "memory: about {:.2} GiB a step: weights {:.2}, training state {:.2}, activations {:.2}{} (the largest micro-batch: {tokens} tokens, {label_tokens} labelled{})",
         gib(estimate.total()),
         gib(estimate.weights),
         gib(estimate.training_state),
         gib(estimate.activations),
+        if estimate.released > 0 {
+            format!(
+                ", less {:.2} of bf16 weight copies freed in the backward pass for the gradients",
+                gib(estimate.released)
+            )
+        } else {
+            String::new()
+        },
         if checkpointing {
             ", gradient checkpointing"
         } else {

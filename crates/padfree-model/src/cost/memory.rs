@@ -26,7 +26,11 @@
 //! count half; on the CPU `o_proj` reads the kernel's kept output
 //! (`kernels::SharedInput16`) where it has no adapter (an adapted one
 //! keeps the output as f32 for its dropout, a GPU's its own 16-bit copy);
-//! the weights' bf16 copies are counted with the weights. Figures measured against it
+//! the weights' bf16 copies are counted with the weights, and where the
+//! trainer lets go of them before the backward pass (full fine-tuning on
+//! the CPU without recomputation: `LlamaModel::release_bf16_copies`) they
+//! are counted once, not beside the gradients made in their room
+//! ([`MemoryEstimate::released`]). Figures measured against it
 //! are in docs/benchmarks/2026-12-06-memory-phases.md (and, for the
 //! count before then, docs/benchmarks/2026-12-01-lora.md).
 //!
@@ -47,12 +51,17 @@ pub struct MemoryEstimate {
     pub training_state: u64,
     /// Activations kept for the backward pass of the largest micro-batch.
     pub activations: u64,
+    /// The weights' bf16 copies (part of `weights`) that the backward pass
+    /// frees before the gradients (part of `training_state`, twice their
+    /// size) take their room, and that the update makes again as it frees
+    /// the gradients: the two are never all alive together.
+    pub released: u64,
 }
 
 impl MemoryEstimate {
-    /// All of it.
+    /// All of it, the copies let go of counted once.
     pub fn total(&self) -> u64 {
-        self.weights + self.training_state + self.activations
+        self.weights + self.training_state + self.activations - self.released
     }
 }
 
@@ -154,6 +163,10 @@ pub struct StepSettings {
     /// The frozen base is in GGUF blocks (QLoRA): its layers are read by
     /// their own kernel and keep no input.
     pub quantized_base: bool,
+    /// Bytes of the weights' bf16 copies the trainer lets go of before
+    /// each backward pass (`LlamaModel::releasable_bf16_bytes`; 0 with
+    /// recomputation, which reads them in the backward pass).
+    pub released_copies: u64,
 }
 
 impl StepSettings {
@@ -165,6 +178,7 @@ impl StepSettings {
             on_cpu: true,
             shares_inputs: false,
             quantized_base: false,
+            released_copies: 0,
         }
     }
 }
@@ -185,6 +199,7 @@ pub fn training_memory(
         checkpointing,
         precision,
         on_cpu,
+        released_copies,
         ..
     } = settings;
     let trained = match lora {
@@ -224,6 +239,11 @@ pub fn training_memory(
         // Gradient sums and two moments, and on a GPU the host master copy.
         training_state: if on_cpu { 12 } else { 16 } * trained,
         activations: 4 * floats,
+        released: if checkpointing {
+            0
+        } else {
+            released_copies.min(weight_bytes)
+        },
     }
 }
 
@@ -475,5 +495,40 @@ mod tests {
         let per_layer_recomputed = estimate(25, true) - recomputed;
         assert_eq!(per_layer_recomputed, 4 * 2048 * config.hidden_size as u64);
         assert!(per_layer_recomputed * 10 < per_layer_kept);
+    }
+
+    /// The bf16 copies the trainer lets go of before the backward pass are
+    /// counted once: the total drops by their bytes, the parts stay as
+    /// they are; with recomputation nothing is let go of.
+    #[test]
+    fn copies_let_go_of_are_counted_once() {
+        let config = LlamaConfig::medium();
+        let params = config.num_parameters() as u64;
+        let copies = 2 * params;
+        let settings = |released_copies: u64, checkpointing: bool| StepSettings {
+            released_copies,
+            checkpointing,
+            ..StepSettings::cpu(Precision::Bf16)
+        };
+        let estimate = |released: u64, checkpointing: bool| {
+            training_memory(
+                &config,
+                4 * params + copies,
+                None,
+                256,
+                20,
+                settings(released, checkpointing),
+            )
+        };
+        let (held, let_go) = (estimate(0, false), estimate(copies, false));
+        assert_eq!(held.total() - let_go.total(), copies);
+        assert_eq!(let_go.released, copies);
+        assert_eq!(
+            (held.weights, held.training_state, held.activations),
+            (let_go.weights, let_go.training_state, let_go.activations)
+        );
+        let recomputed = estimate(copies, true);
+        assert_eq!(recomputed.released, 0);
+        assert_eq!(recomputed.total(), estimate(0, true).total());
     }
 }

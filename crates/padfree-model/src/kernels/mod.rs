@@ -38,7 +38,9 @@
 //! in one launch a tensor plus one.
 //!
 //! `fresh.rs` hands kernels output buffers they write in full, never
-//! zeroed first (`calloc` zeroes reused memory).
+//! zeroed first (`calloc` zeroes reused memory), and `FreshArc`, a shared
+//! slice written chunk by chunk on rayon's threads (each chunk zeroed in
+//! cache as it is handed out): the weights' bf16 copies the update makes.
 //!
 //! `line_alloc.rs` is the global allocator the binary installs: buffers
 //! of 4 KiB or more start on cache lines, where the AMX body stores its
@@ -58,6 +60,7 @@ mod cube_op;
 pub mod dropout;
 mod embedding;
 mod fresh;
+pub(crate) use fresh::FreshArc;
 mod gemm;
 pub mod gemm_bf16;
 pub use gemm_bf16::Weight16;

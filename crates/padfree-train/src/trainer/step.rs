@@ -196,12 +196,16 @@ impl Engine {
                 seed: dropout_seed(config.seed, steps_taken),
                 examples: indices.iter().map(|&i| i as u64).collect(),
             }));
-            let (model, attention, checkpointed) =
-                (&self.model, config.attention, self.gradient_checkpointing);
+            let last = at + 1 == batches.len();
+            let (model, attention, checkpointed) = (
+                &mut self.model,
+                config.attention,
+                self.gradient_checkpointing,
+            );
             let pass = match &mut grads {
                 // The window's last micro-batch completes the sums bucket by
                 // bucket, so the exchange can start.
-                GradSums::Host(sums) if overlap && at + 1 == batches.len() => {
+                GradSums::Host(sums) if overlap && last => {
                     let done = forward_backward_overlapped(
                         model,
                         attention,
@@ -220,8 +224,11 @@ impl Engine {
                 grads => on_workers(|| {
                     forward_backward(
                         model,
-                        attention,
-                        checkpointed,
+                        PassSettings {
+                            attention,
+                            gradient_checkpointing: checkpointed,
+                            releases_copies: last,
+                        },
                         &batch,
                         label_tokens.max(1),
                         grads,
@@ -297,7 +304,7 @@ impl Engine {
                 let copies_written = copies.is_some();
                 on_workers(|| {
                     optimizer.step_writing_bf16(
-                        &grads,
+                        grads,
                         clip as f32,
                         learning_rate,
                         copies.as_deref_mut().unwrap_or_default(),
@@ -305,7 +312,6 @@ impl Engine {
                 });
                 mark("update");
                 drop(copies);
-                drop(grads);
                 if sharded {
                     // Each rank updated its shard; every rank needs all of them.
                     let gathering = Instant::now();
@@ -439,23 +445,42 @@ fn dropout_seed(seed: u64, steps_taken: usize) -> u64 {
     hash.finish()
 }
 
+/// How one micro-batch's passes run.
+#[derive(Clone, Copy)]
+struct PassSettings {
+    attention: AttentionMode,
+    /// Per-layer recomputation in the backward pass.
+    gradient_checkpointing: bool,
+    /// The window's last micro-batch: under `--bf16` the model lets go of
+    /// its weights' bf16 copies between the forward and the backward pass
+    /// (`LlamaModel::release_bf16_copies`), so that each is freed as the
+    /// backward pass leaves its layer and the update makes them again in
+    /// the gradients' room. Not with recomputation, whose backward pass
+    /// runs the layers' forward passes again and reads the copies.
+    releases_copies: bool,
+}
+
 /// Forward and backward of one micro-batch; its gradients, already divided
 /// by the window's label-token count, are added to `grads`.
 fn forward_backward(
-    model: &LlamaModel,
-    attention: AttentionMode,
-    gradient_checkpointing: bool,
+    model: &mut LlamaModel,
+    settings: PassSettings,
     batch: &[Example],
     window_label_tokens: usize,
     grads: &mut GradSums,
 ) -> Result<Pass, TrainError> {
+    let PassSettings {
+        attention,
+        gradient_checkpointing,
+        releases_copies,
+    } = settings;
     let collated = Collated::new(batch, attention)?;
     mark("collated");
     let input = collated.input();
     let fed_tokens = input.input_ids().len();
-    let trainable = model.trainable();
     let divisor = window_label_tokens as f64;
     let loss_sum = if gradient_checkpointing {
+        let trainable = model.trainable();
         // Every trained tensor's part of the gradient, added to its sum.
         let take = |gradients: &Gradients, _complete: usize| {
             for (index, param) in trainable.iter().enumerate() {
@@ -469,6 +494,10 @@ fn forward_backward(
         let loss = model.loss_sum(&input)?;
         let value = loss.value();
         mark("forward");
+        if releases_copies {
+            model.release_bf16_copies();
+        }
+        let trainable = model.trainable();
         let mut gradients = backward(&loss.sum.div_scalar(divisor));
         mark("backward");
         // Taken out of the container, each gradient is its buffer's only

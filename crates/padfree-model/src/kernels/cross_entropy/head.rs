@@ -92,17 +92,13 @@ pub(crate) fn head_loss(
 ) -> HeadLoss {
     let rows = targets.len();
     let chunk_rows = chunk_rows.clamp(1, rows.max(1));
-    let mut logits = vec![0.0f32; chunk_rows * vocab];
-    let mut losses = vec![0.0f64; chunk_rows];
     let dw_len = if grads[1] { vocab * hidden } else { 0 };
     let dx_len = if grads[0] { rows * hidden } else { 0 };
-    let mut out = vec![0.0f32; dw_len + dx_len];
-    let mut loss = 0.0f64;
     if rows == 0 {
         // No labelled row: zero loss and gradients, and nothing to pack.
         return HeadLoss {
-            loss,
-            grads: out,
+            loss: 0.0,
+            grads: vec![0.0; dw_len + dx_len],
             dw_len,
         };
     }
@@ -116,6 +112,13 @@ pub(crate) fn head_loss(
     {
         return head_loss_skinny(x, w, targets, [hidden, vocab], [dw_len, dx_len], grads);
     }
+    // Only here, past the streamed products, which make their own: made
+    // before them, these were a second head-sized `dW` (108 MiB on
+    // SmolLM2-135M) alive beside theirs, and zeroed for nothing.
+    let mut logits = vec![0.0f32; chunk_rows * vocab];
+    let mut losses = vec![0.0f64; chunk_rows];
+    let mut out = vec![0.0f32; dw_len + dx_len];
+    let mut loss = 0.0f64;
     let (dw, dx) = out.split_at_mut(dw_len);
     let rounds = matches!(head, Head::Bf16(_));
     // Under --bf16 the head's weight is packed once for all the chunks, as
