@@ -124,12 +124,17 @@ pub(crate) fn head_loss(
     // Under --bf16 the head's weight is packed once for all the chunks, as
     // `B` of `x W^T` and, when `dx` is asked, of `dz W` (two packs of the
     // head's size, held while the chunks run; packed for every product the
-    // packing was 34.6 ms of a 56 MiB head each time).
-    let weight = match head {
+    // packing was 34.6 ms of a 56 MiB head each time). With one chunk
+    // (short batches) each pack is made when its product comes and the
+    // first dropped before the second is made: held together they were
+    // the forward pass's most (54 MiB more on SmolLM2-135M).
+    let one_chunk = rows <= chunk_rows;
+    let mut weight = match head {
         Head::F32(w) => Weight::F32(w),
         Head::Bf16(w) => Weight::Bf16 {
-            wt: gemm_bf16::prepare(w.t()),
-            w: grads[0].then(|| gemm_bf16::prepare(w)),
+            wt: Some(gemm_bf16::prepare(w.t())),
+            w: None,
+            head: w,
         },
     };
     for (at, start) in (0..rows).step_by(chunk_rows).enumerate() {
@@ -148,9 +153,13 @@ pub(crate) fn head_loss(
                 z,
                 vocab,
                 View16::f32(xc, n, hidden),
-                wt,
+                wt.as_ref()
+                    .expect("the pack of W^T outlives every chunk but the only one"),
                 Write::Set,
             ),
+        }
+        if let (true, Weight::Bf16 { wt, .. }) = (one_chunk, &mut weight) {
+            *wt = None;
         }
         let softmax = grads[0] || grads[1];
         let targets = &targets[start..start + n];
@@ -168,7 +177,7 @@ pub(crate) fn head_loss(
         let z = &logits[..n * vocab];
         if grads[0] {
             let dst = &mut dx[start * hidden..(start + n) * hidden];
-            match &weight {
+            match &mut weight {
                 Weight::F32(w) => gemm::product_into(
                     dst,
                     hidden,
@@ -176,14 +185,13 @@ pub(crate) fn head_loss(
                     View::row_major(w, vocab, hidden),
                     Write::Set,
                 ),
-                Weight::Bf16 { w: Some(w), .. } => gemm_bf16::product_into_prepared(
+                Weight::Bf16 { w, head, .. } => gemm_bf16::product_into_prepared(
                     dst,
                     hidden,
                     View16::f32(z, n, vocab),
-                    w,
+                    w.get_or_insert_with(|| gemm_bf16::prepare(*head)),
                     Write::Set,
                 ),
-                Weight::Bf16 { w: None, .. } => unreachable!("prepared whenever dx is asked"),
             }
         }
         if grads[1] {
@@ -263,9 +271,12 @@ fn head_loss_skinny(
 #[allow(clippy::large_enum_variant)]
 enum Weight<'a> {
     F32(&'a [f32]),
+    /// `wt` for `x W^T`, dropped after it when there is one chunk; `w` for
+    /// `dz W`, made when first needed.
     Bf16 {
-        wt: gemm_bf16::PreparedB<'a>,
+        wt: Option<gemm_bf16::PreparedB<'a>>,
         w: Option<gemm_bf16::PreparedB<'a>>,
+        head: View16<'a>,
     },
 }
 
