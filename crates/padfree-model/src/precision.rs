@@ -9,7 +9,10 @@
 //! widen everything to f32 anyway, from the f32 weight rounded as it is
 //! read: `gemm_bf16::reads_weight_copies`). The copies are made by
 //! [`crate::LlamaModel::refresh_bf16_weights`], which the trainer calls once
-//! per optimizer step (after the update), never per micro-batch or layer call.
+//! per optimizer step (after the update), never per micro-batch or layer call;
+//! on the CPU the update writes them itself ([`CopyToWrite`]), after the
+//! trainer let go of them for the backward pass
+//! ([`crate::LlamaModel::release_bf16_copies`]).
 //!
 //! On a GPU the copies are device tensors of the runtime's 16-bit float
 //! ([`HalfFloat`]: bf16 where the runtime has it, CUDA; f16 where it has
@@ -257,13 +260,24 @@ impl Bf16Weights {
     /// forward pass, for their backward pass) keeps it until done with it,
     /// and then its memory is free. [`Self::lend_for_writing`] makes them
     /// again. Bytes let go of.
+    /// A copy let go of before stays let go of (its length kept) until it
+    /// is made again.
     pub fn release(&mut self) -> usize {
+        let before = std::mem::take(&mut self.released);
+        let mut bytes = 0;
         self.released = self
             .copies
             .iter_mut()
-            .map(|copy| copy.take().map_or(0, |c| c.len()))
+            .enumerate()
+            .map(|(index, copy)| match copy.take() {
+                Some(copy) => {
+                    bytes += 2 * copy.len();
+                    copy.len()
+                }
+                None => before.get(index).copied().unwrap_or(0),
+            })
             .collect();
-        2 * self.released.iter().sum::<usize>()
+        bytes
     }
 
     /// The host copies for whoever updates their weights to write, in

@@ -199,6 +199,9 @@ fn bf16_copies_let_go_of_are_freed_by_the_backward_pass_and_made_again() {
         assert!(a.iter().any(|&g| g != 0.0), "{name}: no gradient");
         assert_eq!(a, b, "{name}");
     }
+    // Let go of again before the update, they stay let go of: nothing more
+    // to free, and the update still makes every one.
+    assert_eq!(released.release_bf16_copies(), 0);
     let lens: Vec<usize> = released.params().iter().map(|p| p.numel()).collect();
     let refreshes = released.bf16_refreshes();
     let written = released.bf16_copies_to_write().expect("host copies");
