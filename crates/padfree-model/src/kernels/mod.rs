@@ -115,7 +115,9 @@ pub use simd::{
 };
 #[cfg(feature = "cube")]
 pub use sum_squares::fused_sums_of_squares;
-pub use sum_squares::{composed_sums_of_squares, host_sum_of_squares, sums_of_squares};
+pub use sum_squares::{
+    composed_sums_of_squares, host_sum_of_squares, host_sums_of_squares, sums_of_squares,
+};
 pub use swiglu::{bf16_swiglu, bf16_swiglu_down, composed_swiglu, swiglu, swiglu_down};
 
 /// True on burn's Flex device, where the host kernels run.

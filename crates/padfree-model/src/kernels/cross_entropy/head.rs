@@ -105,7 +105,8 @@ pub(crate) fn head_loss(
     // By the batch's labelled rows, not this call's: an example checked
     // alone must run its batch's kernel, or bf16's rounding of every
     // layer's `dy` turns the kernels' different sum orders into gradients
-    // 1.6e-2 apart (`padfree check --bf16`).
+    // 1.6e-2 apart (`padfree check --bf16`). (On AMX the few rows' products
+    // are the packed ones with their operands swapped, the same bits.)
     if let Head::Bf16(w) = head
         && rows <= chunk_rows
         && skinny::fits(kernel_rows.max(1), w)
@@ -234,7 +235,8 @@ fn head_loss_skinny(
     grads: [bool; 2],
 ) -> HeadLoss {
     let x = rounded_copy(x);
-    let mut z = skinny::x_wt(&x, w);
+    let tiles = skinny::Tiles::of_this_process();
+    let mut z = skinny::x_wt(&x, w, tiles);
     let softmax = grads[0] || grads[1];
     let mut losses = vec![0.0f64; targets.len()];
     z.par_chunks_mut(vocab)
@@ -250,12 +252,12 @@ fn head_loss_skinny(
         round_in_place(&mut z);
     }
     let mut out = if grads[1] {
-        skinny::dzt_x(&z, &x, [vocab, hidden], dw_len + dx_len)
+        skinny::dzt_x(&z, &x, [vocab, hidden], dw_len + dx_len, tiles)
     } else {
         Vec::with_capacity(dx_len)
     };
     if grads[0] {
-        out.extend_from_slice(&skinny::dz_w(&z, w));
+        out.extend_from_slice(&skinny::dz_w(&z, w, tiles));
     }
     HeadLoss {
         loss,
@@ -540,7 +542,8 @@ mod tests {
     /// The kernel follows the batch's labelled rows, not the call's: the
     /// same few rows give the packed path's bits whenever the batch has
     /// more rows than the streamed products take (an example checked
-    /// alone), and the streamed path's (other bits) when it has few.
+    /// alone), and the streamed path's when it has few: other bits, but
+    /// on AMX the same.
     #[test]
     fn the_kernel_is_chosen_by_the_batchs_rows() {
         let (k, c, v) = (6, 72, 900);
@@ -565,7 +568,13 @@ mod tests {
             bits(&run(skinny::ROWS)),
             "streamed for any small batch"
         );
-        assert_ne!(packed, bits(&run(k)), "the two kernels are told apart");
+        if skinny::Tiles::of_this_process() == skinny::Tiles::Amx {
+            // On AMX both paths run the tiles' products, operands swapped
+            // for few rows: the same sums in the same order.
+            assert_eq!(packed, bits(&run(k)), "on AMX the two paths agree");
+        } else {
+            assert_ne!(packed, bits(&run(k)), "the two kernels are told apart");
+        }
     }
 
     /// The host kernel against the textbook loss and gradients in f64, one

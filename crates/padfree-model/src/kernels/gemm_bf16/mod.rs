@@ -37,9 +37,12 @@
 //! `vdpbf16ps` body, packing and micro-kernel), `amx.rs` (the tile body);
 //! the last two allow `unsafe` for this kernel, and every call checks the
 //! bounds of what it reads and writes first. `skinny.rs` has the LM
-//! head's three products for a few labelled rows, on every CPU: the
-//! weight streamed row by row instead of packed (the same rounded values,
-//! f32 sums in a fixed order; the widened body is its oracle).
+//! head's three products for a few labelled rows: on AMX the tile body's
+//! products with their operands arranged so that both threads work and no
+//! head-sized pack is made (the packed path's bits), elsewhere the weight
+//! streamed row by row through f32 FMAs instead of packed (the same
+//! rounded values, f32 sums in a fixed order; the widened body is the
+//! oracle of both).
 //!
 //! # Shapes
 //! `[M, K] x [K, N] -> [M, N]`.

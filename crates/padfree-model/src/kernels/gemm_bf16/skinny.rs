@@ -20,6 +20,18 @@
 //! order; `K` in order), so the bits do not depend on the thread count or
 //! the instruction set. The widened body is the oracle (tests below).
 //!
+//! On AMX the three products run on the tiles instead ([`Tiles::Amx`]),
+//! with the operands arranged so that the work spreads over the threads
+//! and no head-sized pack is made: `x W^T` as `(W x^T)^T`, the weight `A`
+//! (its row blocks packed into L2 as the threads reach them); `dz W` a
+//! block of the weight's columns a thread; `dz^T x` as the packed path
+//! makes it. Each value sums the same pairs in the same tile order as the
+//! packed path's product, so the head's bits are the packed path's
+//! whatever its rows (tested), and the three products took 14.1-17.0 ms
+//! a step on `medium` short chat at batch 4 (the f32 FMAs here:
+//! 19.2-23.5) and 26-30 on SmolLM2-135M (38.6-44.4), timed in the step
+//! (docs/benchmarks/2026-12-06-bf16-norm-and-head-tiles.md).
+//!
 //! The one `unsafe` is [`fresh_in`] for `dW`, every value of which is
 //! written.
 //!
@@ -32,6 +44,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use super::Body;
 use super::operand::{Element, Values, View16, with_values};
 use crate::kernels::fresh::fresh_in;
 use crate::kernels::simd::dispatch;
@@ -49,6 +62,10 @@ const ROWS_PER_TASK: usize = 64;
 /// Weight rows whose `dz W` terms one partial sum holds; the partials are
 /// added in block order.
 const ROWS_PER_PARTIAL: usize = 512;
+
+/// Columns of the AMX micro-tile: blocks of `dz W`'s columns are whole
+/// panels of them.
+const AMX_PANEL: usize = 32;
 
 /// Lanes of the dot products along `C`.
 const LANES: usize = 16;
@@ -168,12 +185,53 @@ fn reduce(mut lanes: [f32; LANES]) -> f32 {
     lanes[0]
 }
 
+/// Whether the head's products run on AMX's tiles ([`Tiles::Amx`]), or
+/// stream the weight through f32 FMAs ([`Tiles::No`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tiles {
+    /// The AMX body's products, operands arranged for few rows.
+    Amx,
+    /// The f32 FMAs of this file, on every CPU.
+    No,
+}
+
+impl Tiles {
+    /// [`Tiles::Amx`] where this process multiplies on AMX.
+    pub(crate) fn of_this_process() -> Self {
+        if super::body() == Body::Amx {
+            Self::Amx
+        } else {
+            Self::No
+        }
+    }
+}
+
+/// `t` (`[rows, cols]`, row-major) turned round: `[cols, rows]`.
+fn turned(t: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; t.len()];
+    out.par_chunks_mut(rows.max(1))
+        .enumerate()
+        .for_each(|(j, column)| {
+            for (i, o) in column.iter_mut().enumerate() {
+                *o = t[i * cols + j];
+            }
+        });
+    out
+}
+
 /// `x W^T`: `[K, V]`, row-major.
+///
+/// On AMX ([`Tiles::Amx`]) it is `(W x^T)^T`: the weight is `A`, whose
+/// row blocks the threads pack into L2 as they go (`x` packed once as
+/// `B`, one panel of 32 columns), where `x` as `A` is one row block for
+/// one thread and the weight a head-sized `B` pack. Each value sums the
+/// same pairs in the same tile order as the packed body's `x W^T`, so it
+/// is that product's bits.
 ///
 /// # Panics
 /// When `x` is not `[K, C]` for the weight's `C`, or `K` is 0 (callers
 /// ask [`fits`] first).
-pub(crate) fn x_wt(x: &[f32], weight: View16<'_>) -> Vec<f32> {
+pub(crate) fn x_wt(x: &[f32], weight: View16<'_>, tiles: Tiles) -> Vec<f32> {
     let (vocab, cols) = (weight.rows, weight.cols);
     let k = x.len() / cols.max(1);
     assert!(
@@ -181,6 +239,10 @@ pub(crate) fn x_wt(x: &[f32], weight: View16<'_>) -> Vec<f32> {
         "bf16 skinny product: x holds {} values for width {cols}",
         x.len()
     );
+    if tiles == Tiles::Amx {
+        let zt = super::product_with(Body::Amx, weight, View16::f32(x, k, cols).t());
+        return turned(&zt, vocab, k);
+    }
     // `[V, K]` first (a task owns whole rows of it), then turned round.
     let mut zt = vec![0.0f32; vocab * k];
     zt.par_chunks_mut(ROWS_PER_TASK * k)
@@ -220,9 +282,14 @@ pub(crate) fn x_wt(x: &[f32], weight: View16<'_>) -> Vec<f32> {
 
 /// `dz W`: `[K, C]`, row-major.
 ///
+/// On AMX it is the packed body's `dz W` (its bits), a block of the
+/// weight's columns a thread, each packing its columns K block by K
+/// block into L2: with `dz` as the one row block of `A`, the whole
+/// product would run on one thread.
+///
 /// # Panics
 /// When `dz` is not `[K, V]` for the weight's `V`, or `K` is 0.
-pub(crate) fn dz_w(dz: &[f32], weight: View16<'_>) -> Vec<f32> {
+pub(crate) fn dz_w(dz: &[f32], weight: View16<'_>, tiles: Tiles) -> Vec<f32> {
     let (vocab, cols) = (weight.rows, weight.cols);
     let k = dz.len() / vocab.max(1);
     assert!(
@@ -230,6 +297,36 @@ pub(crate) fn dz_w(dz: &[f32], weight: View16<'_>) -> Vec<f32> {
         "bf16 skinny product: dz holds {} values for vocabulary {vocab}",
         dz.len()
     );
+    if tiles == Tiles::Amx {
+        // One block of columns a thread (whole panels of the tiles' 32
+        // columns): each task packs `A` (all of `dz`) again, and
+        // SmolLM2-135M's `dz W` took 11 ms in blocks of 64 columns, 7 in
+        // blocks of 288.
+        let amx_cols = cols
+            .div_ceil(rayon::current_num_threads())
+            .next_multiple_of(AMX_PANEL);
+        let blocks: Vec<Vec<f32>> = (0..cols)
+            .step_by(amx_cols)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|c0| {
+                let width = amx_cols.min(cols - c0);
+                super::product_with(
+                    Body::Amx,
+                    View16::f32(dz, k, vocab),
+                    weight.columns(c0, width),
+                )
+            })
+            .collect();
+        let mut dx = vec![0.0f32; k * cols];
+        for (block, c0) in blocks.iter().zip((0..cols).step_by(amx_cols)) {
+            let width = amx_cols.min(cols - c0);
+            for (row, from) in dx.chunks_exact_mut(cols).zip(block.chunks_exact(width)) {
+                row[c0..c0 + width].copy_from_slice(from);
+            }
+        }
+        return dx;
+    }
     let blocks = vocab.div_ceil(ROWS_PER_PARTIAL);
     let mut partials = vec![0.0f32; blocks * k * cols];
     partials
@@ -279,11 +376,18 @@ pub(crate) fn dz_w(dz: &[f32], weight: View16<'_>) -> Vec<f32> {
 
 /// `dz^T x`: `[V, C]` row-major, in a fresh vector with room for at
 /// least `capacity` values, so that a caller can append to it without a
-/// copy.
+/// copy. On AMX the packed body's product (`dz^T` as `A`, `x` as `B`,
+/// both packed by blocks of rows; tiles stored into `dW` in place).
 ///
 /// # Panics
 /// When `dz` is not `[K, V]` and `x` `[K, C]` for the same `K` > 0.
-pub(crate) fn dzt_x(dz: &[f32], x: &[f32], [vocab, cols]: [usize; 2], capacity: usize) -> Vec<f32> {
+pub(crate) fn dzt_x(
+    dz: &[f32],
+    x: &[f32],
+    [vocab, cols]: [usize; 2],
+    capacity: usize,
+    tiles: Tiles,
+) -> Vec<f32> {
     let k = x.len() / cols.max(1);
     assert!(
         k > 0 && x.len() == k * cols && dz.len() == k * vocab,
@@ -291,6 +395,14 @@ pub(crate) fn dzt_x(dz: &[f32], x: &[f32], [vocab, cols]: [usize; 2], capacity: 
         dz.len(),
         x.len()
     );
+    if tiles == Tiles::Amx {
+        return super::product_with_buffer(
+            Body::Amx,
+            View16::f32(dz, k, vocab).t(),
+            View16::f32(x, k, cols),
+            Vec::with_capacity(capacity.max(vocab * cols)),
+        );
+    }
     let write = |out: &mut [MaybeUninit<f32>]| {
         out.par_chunks_mut(ROWS_PER_TASK * cols)
             .enumerate()
@@ -393,15 +505,19 @@ mod tests {
             let copy: Vec<bf16> = round_slice(&master);
             let x = rounded_values(k * cols, 2);
             let dz = rounded_values(k * vocab, 3);
-            for (name, weight) in [
+            let weights = [
                 ("bf16 copy", View16::bf16(&copy, vocab, cols)),
                 ("f32 rounded as read", View16::f32(&master, vocab, cols)),
-            ] {
+            ];
+            for ((name, weight), tiles) in weights
+                .into_iter()
+                .flat_map(|w| all_tiles().map(move |t| (w, t)))
+            {
                 assert!(fits(k, weight));
-                let what = format!("K {k}, C {cols}, V {vocab}, {name}");
+                let what = format!("K {k}, C {cols}, V {vocab}, {name}, {tiles:?}");
                 let w = |i: usize, j: usize| rounded(master[i * cols + j]);
 
-                let z = x_wt(&x, weight);
+                let z = x_wt(&x, weight, tiles);
                 let want = f64_product((k, cols, vocab), |i, l| x[i * cols + l], |l, j| w(j, l));
                 assert_close(&z, &want, cols, &format!("x W^T, {what}"));
                 let oracle = product_with(Body::Widened, View16::rounded(&x, k, cols), weight.t());
@@ -412,11 +528,11 @@ mod tests {
                     &format!("x W^T against widened, {what}"),
                 );
 
-                let dx = dz_w(&dz, weight);
+                let dx = dz_w(&dz, weight, tiles);
                 let want = f64_product((k, vocab, cols), |i, l| dz[i * vocab + l], w);
                 assert_close(&dx, &want, vocab, &format!("dz W, {what}"));
 
-                let dw = dzt_x(&dz, &x, [vocab, cols], vocab * cols + 7);
+                let dw = dzt_x(&dz, &x, [vocab, cols], vocab * cols + 7, tiles);
                 assert!(dw.capacity() >= vocab * cols + 7, "{what}: room kept");
                 let want = f64_product(
                     (vocab, k, cols),
@@ -440,7 +556,8 @@ mod tests {
     }
 
     /// The same bits on one thread and on three: every sum has a fixed
-    /// order whatever the split.
+    /// order whatever the split (on AMX the blocks of `dz W`'s columns
+    /// follow the thread count).
     #[test]
     fn the_bits_do_not_depend_on_the_thread_count() {
         let (k, cols, vocab) = (7, 72, 1500);
@@ -448,24 +565,81 @@ mod tests {
         let x = rounded_values(k * cols, 5);
         let dz = rounded_values(k * vocab, 6);
         let weight = View16::f32(&master, vocab, cols);
-        let run = |threads: usize| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .expect("a thread pool")
-                .install(|| {
-                    (
-                        x_wt(&x, weight),
-                        dz_w(&dz, weight),
-                        dzt_x(&dz, &x, [vocab, cols], 0),
-                    )
-                })
-        };
+        for tiles in all_tiles() {
+            let run = |threads: usize| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("a thread pool")
+                    .install(|| {
+                        (
+                            x_wt(&x, weight, tiles),
+                            dz_w(&dz, weight, tiles),
+                            dzt_x(&dz, &x, [vocab, cols], 0, tiles),
+                        )
+                    })
+            };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let (one, three) = (run(1), run(3));
+            assert_eq!(bits(&one.0), bits(&three.0), "x W^T, {tiles:?}");
+            assert_eq!(bits(&one.1), bits(&three.1), "dz W, {tiles:?}");
+            assert_eq!(bits(&one.2), bits(&three.2), "dz^T x, {tiles:?}");
+        }
+    }
+
+    /// The tile forms this CPU runs: the FMAs everywhere, AMX where it is
+    /// (a NOTE says when it is not, so the log shows it went untested).
+    fn all_tiles() -> impl Iterator<Item = Tiles> {
+        let amx = Body::Amx.available();
+        if !amx {
+            eprintln!("NOTE: no AMX-BF16 here: the head's products on tiles not tested");
+        }
+        [Tiles::No].into_iter().chain(amx.then_some(Tiles::Amx))
+    }
+
+    /// On AMX the three products are the packed body's, bit for bit, with
+    /// `x` and `dz` as its `A` and the weight its `B` (the head's products
+    /// for more rows than [`ROWS`]): the weight as `A` sums the same pairs
+    /// in the same tile order. So on AMX the head's bits do not depend on
+    /// which of its paths a batch's row count takes.
+    #[test]
+    fn on_amx_the_products_are_the_packed_bodys_bits() {
+        if !Body::Amx.available() {
+            eprintln!("NOTE: no AMX-BF16 here: the tiles' bits not compared");
+            return;
+        }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let (one, three) = (run(1), run(3));
-        assert_eq!(bits(&one.0), bits(&three.0), "x W^T");
-        assert_eq!(bits(&one.1), bits(&three.1), "dz W");
-        assert_eq!(bits(&one.2), bits(&three.2), "dz^T x");
+        for (k, cols, vocab) in [(1, 40, 70), (21, 576, 3000), (32, 72, 1500), (5, 33, 1030)] {
+            let master = values(vocab * cols, 8);
+            let copy: Vec<bf16> = round_slice(&master);
+            let x = rounded_values(k * cols, 9);
+            let dz = rounded_values(k * vocab, 10);
+            let weight = View16::bf16(&copy, vocab, cols);
+            let what = format!("K {k}, C {cols}, V {vocab}");
+            assert_eq!(
+                bits(&x_wt(&x, weight, Tiles::Amx)),
+                bits(&product_with(
+                    Body::Amx,
+                    View16::f32(&x, k, cols),
+                    weight.t()
+                )),
+                "x W^T, {what}"
+            );
+            assert_eq!(
+                bits(&dz_w(&dz, weight, Tiles::Amx)),
+                bits(&product_with(Body::Amx, View16::f32(&dz, k, vocab), weight)),
+                "dz W, {what}"
+            );
+            assert_eq!(
+                bits(&dzt_x(&dz, &x, [vocab, cols], 0, Tiles::Amx)),
+                bits(&product_with(
+                    Body::Amx,
+                    View16::f32(&dz, k, vocab).t(),
+                    View16::f32(&x, k, cols)
+                )),
+                "dz^T x, {what}"
+            );
+        }
     }
 
     /// Too many rows, none, or a weight read by columns go to the other
