@@ -27,7 +27,8 @@
 //! it and the other kernels call (burn-flex's gemm kernels without its
 //! zeroed, copied outputs); `gemm_bf16/` the bf16 products (AMX,
 //! AVX512-BF16, or widened to f32 where the CPU lacks them; the LM head's
-//! products for a few labelled rows streamed in `gemm_bf16/skinny.rs`) and
+//! products for a few labelled rows in `gemm_bf16/skinny.rs`, streamed or
+//! on AMX tiles) and
 //! `bf16.rs` the rounding; `shared16.rs` one bf16 store of an activation
 //! that several ops keep (a norm's output for the projections that read
 //! it; the attention's output for itself and `o_proj`).

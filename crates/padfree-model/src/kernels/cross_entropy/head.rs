@@ -557,15 +557,15 @@ mod tests {
             b.extend([(loss >> 32) as u32, loss as u32]);
             b
         };
-        let packed = bits(&run(skinny::ROWS + 1));
+        let packed = bits(&run(skinny::rows_taken() + 1));
         assert_eq!(
             packed,
-            bits(&run(skinny::ROWS + 40)),
+            bits(&run(skinny::rows_taken() + 40)),
             "packed for any large batch"
         );
         assert_eq!(
             bits(&run(k)),
-            bits(&run(skinny::ROWS)),
+            bits(&run(skinny::rows_taken())),
             "streamed for any small batch"
         );
         if skinny::Tiles::of_this_process() == skinny::Tiles::Amx {

@@ -49,7 +49,8 @@ use super::operand::{Element, Values, View16, with_values};
 use crate::kernels::fresh::fresh_in;
 use crate::kernels::simd::dispatch;
 
-/// At most this many rows take these products. On the AMX Xeon, SmolLM2's
+/// At most this many rows take the FMA products ([`Tiles::No`]; AMX:
+/// [`AMX_ROWS`]). On the AMX Xeon, SmolLM2's
 /// short chat batches of 8 (about 32 labelled rows) ran at 471 / 433
 /// real tokens/s with 32 here and 421 / 388 with 64: from 33 rows on, the
 /// packed body's tiles pay for its packs.
@@ -63,6 +64,25 @@ const ROWS_PER_TASK: usize = 64;
 /// added in block order.
 const ROWS_PER_PARTIAL: usize = 512;
 
+/// At most this many rows take these products on AMX ([`Tiles::Amx`]),
+/// whose bits are the packed path's anyway. Measured at short chat's
+/// batches of 8 and 16 (about 42 and 80 labelled rows), in turn with 32
+/// here: 6 of 8 runs faster (SmolLM2-135M batch 8 329-373 -> 371-384
+/// real tokens/s), the same losses, and peaks 37-50 MiB lower on
+/// SmolLM2-135M (no head-sized pack). Batches of hundreds of rows (the
+/// maths data) keep the packed path, where the weight's pack is shared
+/// by their chunks.
+pub(crate) const AMX_ROWS: usize = 128;
+
+/// The most rows these products take in this process: [`AMX_ROWS`] on
+/// AMX, [`ROWS`] elsewhere.
+pub(crate) fn rows_taken() -> usize {
+    match Tiles::of_this_process() {
+        Tiles::Amx => AMX_ROWS,
+        Tiles::No => ROWS,
+    }
+}
+
 /// Columns of the AMX micro-tile: blocks of `dz W`'s columns are whole
 /// panels of them.
 const AMX_PANEL: usize = 32;
@@ -73,7 +93,7 @@ const LANES: usize = 16;
 /// Whether `rows` labelled rows against `weight` take these products: a
 /// few rows, and a weight whose rows lie contiguous.
 pub(crate) fn fits(rows: usize, weight: View16<'_>) -> bool {
-    (1..=ROWS).contains(&rows)
+    (1..=rows_taken()).contains(&rows)
         && weight.cols > 0
         && weight.col_stride == 1
         && weight.row_stride >= weight.cols
@@ -599,7 +619,7 @@ mod tests {
 
     /// On AMX the three products are the packed body's, bit for bit, with
     /// `x` and `dz` as its `A` and the weight its `B` (the head's products
-    /// for more rows than [`ROWS`]): the weight as `A` sums the same pairs
+    /// for more rows than [`rows_taken`]): the weight as `A` sums the same pairs
     /// in the same tile order. So on AMX the head's bits do not depend on
     /// which of its paths a batch's row count takes.
     #[test]
@@ -648,8 +668,8 @@ mod tests {
     fn only_few_rows_of_a_row_major_weight_fit() {
         let master = values(8 * 16, 7);
         let weight = View16::f32(&master, 8, 16);
-        assert!(fits(1, weight) && fits(ROWS, weight));
-        assert!(!fits(0, weight) && !fits(ROWS + 1, weight));
+        assert!(fits(1, weight) && fits(rows_taken(), weight));
+        assert!(!fits(0, weight) && !fits(rows_taken() + 1, weight));
         assert!(!fits(4, View16::f32(&master, 16, 8).t()));
     }
 }
