@@ -256,12 +256,11 @@ impl Bf16Weights {
         self.refreshes += 1;
     }
 
-    /// Lets go of the host copies: whatever else holds one (the ops of a
-    /// forward pass, for their backward pass) keeps it until done with it,
-    /// and then its memory is free. [`Self::lend_for_writing`] makes them
-    /// again. Bytes let go of.
-    /// A copy let go of before stays let go of (its length kept) until it
-    /// is made again.
+    /// Lets go of the host copies and returns the bytes let go of:
+    /// whatever else holds one (the ops of a forward pass, for their
+    /// backward pass) keeps it until done with it, and then its memory is
+    /// free. [`Self::lend_for_writing`] makes them again; until then a copy
+    /// let go of stays so (its length kept), however often this is called.
     pub fn release(&mut self) -> usize {
         let before = std::mem::take(&mut self.released);
         let mut bytes = 0;

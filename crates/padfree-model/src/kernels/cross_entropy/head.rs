@@ -76,8 +76,8 @@ pub(crate) enum Head<'a> {
 
 /// The summed loss of `x W^T` against `targets`, and (as `grads` asks:
 /// `[dx, dW]`) its gradients, `chunk_rows` rows at a time; under `--bf16`
-/// with the weight streamed (`gemm_bf16::skinny`) when `kernel_rows`
-/// (the batch's labelled rows) are few and fit one chunk.
+/// by the few-rows products (`gemm_bf16::skinny`, no head-sized pack) when
+/// `kernel_rows` (the batch's labelled rows) are few and fit one chunk.
 ///
 /// # Panics
 /// When a slice is shorter than its shape, or a target is `>= vocab`
@@ -223,9 +223,10 @@ pub(crate) fn head_loss(
 }
 
 /// [`head_loss`] under `--bf16` for a few labelled rows, in one chunk:
-/// the products stream the head instead of packing it
-/// (`gemm_bf16::skinny`), and `dW` is written once into a buffer that is
-/// never zeroed, `dx` appended behind it.
+/// the products make no head-sized pack (`gemm_bf16::skinny`: on AMX its
+/// tiles with the weight as `A`, elsewhere the weight streamed through
+/// FMAs), and `dW` is written once into a buffer that is never zeroed,
+/// `dx` appended behind it.
 fn head_loss_skinny(
     x: &[f32],
     w: View16<'_>,
