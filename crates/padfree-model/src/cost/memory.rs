@@ -183,6 +183,39 @@ impl StepSettings {
     }
 }
 
+/// Floats' worth of the packs of the head's `[V, C]` weight (`weight`
+/// values) that its op holds for `label_rows` labelled rows in chunks of
+/// `chunk` rows (`kernels/cross_entropy/head.rs`). Under `--bf16` on a
+/// packing body (`shares_inputs`) the weight is packed as `W^T` for the
+/// logits and as `W` for `dx`, 2 bytes a value each: both held while
+/// several chunks run, one at a time in a single chunk, none for a few
+/// labelled rows (`gemm_bf16::skinny`, whose products make no head-sized
+/// pack). The widened body and f32 pack nothing of the head's size; on a
+/// GPU both packs are counted, as before there was a CPU body to ask.
+fn head_pack_floats(
+    precision: Precision,
+    settings: StepSettings,
+    weight: u64,
+    label_rows: usize,
+    chunk: u64,
+) -> u64 {
+    match precision {
+        Precision::F32 => 0,
+        Precision::Bf16 if !settings.on_cpu => weight,
+        Precision::Bf16 if !settings.shares_inputs => 0,
+        Precision::Bf16 => {
+            let one_chunk = label_rows as u64 <= chunk;
+            if one_chunk && label_rows <= crate::kernels::gemm_bf16::skinny::rows_taken() {
+                0
+            } else if one_chunk {
+                weight / 2
+            } else {
+                weight
+            }
+        }
+    }
+}
+
 /// The estimate for training `config` on micro-batches of at most `tokens`
 /// tokens (pads included) of which at most `label_tokens` carry a label.
 /// `weight_bytes`: the weights as they will be held (4 bytes a value, or
@@ -216,12 +249,7 @@ pub fn training_memory(
     let chunk = (crate::loss::HEAD_CHUNK_BYTES as u64 / (4 * vocab.max(1))).max(1);
     // LoRA trains nothing outside the layers: a frozen head makes no `dW`.
     let head_gradient = if lora.is_none() { vocab * hidden } else { 0 };
-    // Under `--bf16` the head's weight is packed twice (as `W^T` for the
-    // logits and `W` for `dx`) while its chunks run, 2 bytes a value each.
-    let head_packs = match precision {
-        Precision::F32 => 0,
-        Precision::Bf16 => vocab * hidden,
-    };
+    let head_packs = head_pack_floats(precision, settings, vocab * hidden, label_tokens, chunk);
     let head = |rows: u64| rows * hidden + chunk.min(rows) * vocab + head_gradient + head_packs;
     let lora_values = if lora.is_some() { 4 * trained } else { 0 };
     let floats = if checkpointing {
@@ -464,6 +492,51 @@ mod tests {
             at(chunk) - (adapted(chunk) - lora_activations) - frozen_mlp_input,
             4 * v * c
         );
+    }
+
+    /// Under `--bf16` on a packing body the head's two packs are counted
+    /// only where its op makes them: none for the few labelled rows the
+    /// streamed or tiled products take, one at a time in a single chunk,
+    /// both over several chunks; none on the widened body or in f32.
+    #[test]
+    fn the_heads_packs_are_counted_where_they_are_made() {
+        let config = LlamaConfig::medium();
+        let (c, v) = (config.hidden_size as u64, config.vocab_size as u64);
+        let chunk = (crate::loss::HEAD_CHUNK_BYTES as u64 / (4 * v)) as usize;
+        let few = crate::kernels::gemm_bf16::skinny::rows_taken();
+        assert!(few < chunk, "{few} rows taken, chunks of {chunk}");
+        let at = |labels: usize, precision: Precision, shares_inputs: bool| {
+            training_memory(
+                &config,
+                0,
+                None,
+                4096,
+                labels,
+                StepSettings {
+                    shares_inputs,
+                    ..StepSettings::cpu(precision)
+                },
+            )
+            .activations
+        };
+        // Sharing the norms' outputs also halves what the layers keep, the
+        // same for any number of labels: measured from no labelled row.
+        let packs = |labels: usize| {
+            (at(labels, Precision::Bf16, true) - at(0, Precision::Bf16, true))
+                - (at(labels, Precision::Bf16, false) - at(0, Precision::Bf16, false))
+        };
+        assert_eq!(packs(1), 0);
+        assert_eq!(packs(few), 0);
+        assert_eq!(packs(few + 1), 4 * v * c / 2);
+        assert_eq!(packs(chunk), 4 * v * c / 2);
+        assert_eq!(packs(chunk + 1), 4 * v * c);
+        // The widened body and f32 hold the same head (no packs either).
+        for labels in [few, chunk + 1] {
+            assert_eq!(
+                at(labels, Precision::Bf16, false) - at(labels, Precision::F32, false),
+                at(0, Precision::Bf16, false) - at(0, Precision::F32, false)
+            );
+        }
     }
 
     #[test]
