@@ -517,8 +517,9 @@ mod tests {
                     ..StepSettings::cpu(precision)
                 },
             )
-            .activations
+            .activations as i128
         };
+        // (Signed: bf16's activations are fewer bytes than f32's.)
         // Sharing the norms' outputs also halves what the layers keep, the
         // same for any number of labels: measured from no labelled row.
         let packs = |labels: usize| {
@@ -527,9 +528,9 @@ mod tests {
         };
         assert_eq!(packs(1), 0);
         assert_eq!(packs(few), 0);
-        assert_eq!(packs(few + 1), 4 * v * c / 2);
-        assert_eq!(packs(chunk), 4 * v * c / 2);
-        assert_eq!(packs(chunk + 1), 4 * v * c);
+        assert_eq!(packs(few + 1), (4 * v * c / 2) as i128);
+        assert_eq!(packs(chunk), (4 * v * c / 2) as i128);
+        assert_eq!(packs(chunk + 1), (4 * v * c) as i128);
         // The widened body and f32 hold the same head (no packs either).
         for labels in [few, chunk + 1] {
             assert_eq!(
