@@ -71,7 +71,7 @@ pub fn host_sums_of_squares(chunks: &[&[f32]]) -> Vec<f64> {
         if four.iter().all(|c| c.len() == four[0].len()) {
             sums.extend(super::simd::dispatch(
                 #[inline(always)]
-                || portable_sums_of_squares4(*four),
+                || portable_sums_of_squares(*four),
             ));
             rest = &rest[4..];
         } else {
@@ -83,33 +83,20 @@ pub fn host_sums_of_squares(chunks: &[&[f32]]) -> Vec<f64> {
     sums
 }
 
-/// Four [`portable_sum_of_squares`] of slices of one length, in one
-/// loop: each slice's lanes and order as its own call's.
+/// `N` [`portable_sum_of_squares`] of slices of one length, in one loop:
+/// each slice's lanes and order as its own call's.
 #[inline(always)]
-fn portable_sums_of_squares4(slices: [&[f32]; 4]) -> [f64; 4] {
-    let len = slices[0].len();
-    let full = len / LANES * LANES;
-    let (mut l0, mut l1, mut l2, mut l3) = (
-        [0.0f64; LANES],
-        [0.0f64; LANES],
-        [0.0f64; LANES],
-        [0.0f64; LANES],
-    );
-    let [s0, s1, s2, s3] = slices.map(|s| &s[..full]);
-    let blocks = s0
-        .chunks_exact(LANES)
-        .zip(s1.chunks_exact(LANES))
-        .zip(s2.chunks_exact(LANES))
-        .zip(s3.chunks_exact(LANES));
-    for (((b0, b1), b2), b3) in blocks {
-        for i in 0..LANES {
-            l0[i] += f64::from(b0[i]) * f64::from(b0[i]);
-            l1[i] += f64::from(b1[i]) * f64::from(b1[i]);
-            l2[i] += f64::from(b2[i]) * f64::from(b2[i]);
-            l3[i] += f64::from(b3[i]) * f64::from(b3[i]);
+fn portable_sums_of_squares<const N: usize>(slices: [&[f32]; N]) -> [f64; N] {
+    let full = slices.first().map_or(0, |s| s.len()) / LANES * LANES;
+    let mut lanes = [[0.0f64; LANES]; N];
+    let blocks = slices.map(|s| s[..full].as_chunks::<LANES>().0);
+    for b in 0..full / LANES {
+        for (lanes, blocks) in lanes.iter_mut().zip(&blocks) {
+            for (lane, &x) in lanes.iter_mut().zip(&blocks[b]) {
+                *lane += f64::from(x) * f64::from(x);
+            }
         }
     }
-    let mut lanes = [l0, l1, l2, l3];
     for (lanes, slice) in lanes.iter_mut().zip(slices) {
         for (lane, &x) in lanes.iter_mut().zip(&slice[full..]) {
             *lane += f64::from(x) * f64::from(x);
