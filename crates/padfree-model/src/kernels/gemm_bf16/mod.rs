@@ -12,7 +12,9 @@
 //! - `avx512-bf16`: BLIS-style packing of both operands into bf16 pairs and
 //!   a 14x32 micro-kernel of `vdpbf16ps` (AMD Zen 4 and later, Intel Cooper
 //!   Lake and later; an `A` contiguous along K is kept row by row, which
-//!   the micro-kernel reads as well as BLIS's panels: `Layout`), K in
+//!   the micro-kernel reads as well as BLIS's panels: `Layout`; an `A`
+//!   contiguous along M, `dy^T`, packed for every row block at once, two
+//!   token lines at a time: `pack_a_lines`), K in
 //!   blocks of at most 512 (split evenly), rows of the output in blocks of
 //!   112 on rayon's threads. Each output value sums its
 //!   K products in one fixed order whatever the thread count, so results do
