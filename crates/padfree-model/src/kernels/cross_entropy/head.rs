@@ -105,8 +105,9 @@ pub(crate) fn head_loss(
     // By the batch's labelled rows, not this call's: an example checked
     // alone must run its batch's kernel, or bf16's rounding of every
     // layer's `dy` turns the kernels' different sum orders into gradients
-    // 1.6e-2 apart (`padfree check --bf16`). (On AMX the few rows' products
-    // are the packed ones with their operands swapped, the same bits.)
+    // 1.6e-2 apart (`padfree check --bf16`). (On a packed body, AMX or
+    // `vdpbf16ps`, the few rows' products are the packed ones with their
+    // operands swapped, the same bits.)
     if let Head::Bf16(w) = head
         && rows <= chunk_rows
         && skinny::fits(kernel_rows.max(1), w)
@@ -223,10 +224,10 @@ pub(crate) fn head_loss(
 }
 
 /// [`head_loss`] under `--bf16` for a few labelled rows, in one chunk:
-/// the products make no head-sized pack (`gemm_bf16::skinny`: on AMX its
-/// tiles with the weight as `A`, elsewhere the weight streamed through
-/// FMAs), and `dW` is written once into a buffer that is never zeroed,
-/// `dx` appended behind it.
+/// the products make no head-sized pack (`gemm_bf16::skinny`: on a
+/// packed body, AMX or `vdpbf16ps`, its products with the weight as `A`,
+/// elsewhere the weight streamed through FMAs), and `dW` is written once
+/// into a buffer that is never zeroed, `dx` appended behind it.
 fn head_loss_skinny(
     x: &[f32],
     w: View16<'_>,
@@ -544,7 +545,7 @@ mod tests {
     /// same few rows give the packed path's bits whenever the batch has
     /// more rows than the streamed products take (an example checked
     /// alone), and the streamed path's when it has few: other bits, but
-    /// on AMX the same.
+    /// on a packed body (AMX, `vdpbf16ps`) the same.
     #[test]
     fn the_kernel_is_chosen_by_the_batchs_rows() {
         let (k, c, v) = (6, 72, 900);
@@ -569,10 +570,15 @@ mod tests {
             bits(&run(skinny::rows_taken())),
             "streamed for any small batch"
         );
-        if skinny::Tiles::of_this_process() == skinny::Tiles::Amx {
-            // On AMX both paths run the tiles' products, operands swapped
-            // for few rows: the same sums in the same order.
-            assert_eq!(packed, bits(&run(k)), "on AMX the two paths agree");
+        if skinny::Tiles::of_this_process() != skinny::Tiles::No {
+            // On a packed body (AMX, `vdpbf16ps`) both paths run its
+            // products, operands swapped for few rows: the same sums in
+            // the same order.
+            assert_eq!(
+                packed,
+                bits(&run(k)),
+                "on a packed body the two paths agree"
+            );
         } else {
             assert_ne!(packed, bits(&run(k)), "the two kernels are told apart");
         }

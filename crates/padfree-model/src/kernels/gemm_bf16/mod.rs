@@ -39,9 +39,10 @@
 //! `vdpbf16ps` body, packing and micro-kernel), `amx.rs` (the tile body);
 //! the last two allow `unsafe` for this kernel, and every call checks the
 //! bounds of what it reads and writes first. `skinny.rs` has the LM
-//! head's three products for a few labelled rows: on AMX the tile body's
-//! products with their operands arranged so that both threads work and no
-//! head-sized pack is made (the packed path's bits), elsewhere the weight
+//! head's three products for a few labelled rows: on a packed body (AMX,
+//! `vdpbf16ps`) its products with their operands arranged so that both
+//! threads work and no head-sized pack is made (the packed path's bits),
+//! on the widened body the weight
 //! streamed row by row through f32 FMAs instead of packed (the same
 //! rounded values, f32 sums in a fixed order; the widened body is the
 //! oracle of both).

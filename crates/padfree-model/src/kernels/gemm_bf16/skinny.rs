@@ -20,17 +20,20 @@
 //! order; `K` in order), so the bits do not depend on the thread count or
 //! the instruction set. The widened body is the oracle (tests below).
 //!
-//! On AMX the three products run on the tiles instead ([`Tiles::Amx`]),
-//! with the operands arranged so that the work spreads over the threads
-//! and no head-sized pack is made: `x W^T` as `(W x^T)^T`, the weight `A`
-//! (its row blocks packed into L2 as the threads reach them); `dz W` a
-//! block of the weight's columns a thread; `dz^T x` as the packed path
-//! makes it. Each value sums the same pairs in the same tile order as the
-//! packed path's product, so the head's bits are the packed path's
-//! whatever its rows (tested), and the three products took 14.1-17.0 ms
-//! a step on `medium` short chat at batch 4 (the f32 FMAs here:
-//! 19.2-23.5) and 26-30 on SmolLM2-135M (38.6-44.4), timed in the step
-//! (docs/benchmarks/2026-12-06-bf16-norm-and-head-tiles.md).
+//! Where a packed body multiplies (AMX's tiles, [`Tiles::Amx`], or
+//! `vdpbf16ps`, [`Tiles::Avx512Bf16`]) the three products run on it
+//! instead, with the operands arranged so that the work spreads over the
+//! threads and no head-sized pack is made: `x W^T` as `(W x^T)^T`, the
+//! weight `A` (its row blocks packed into L2 as the threads reach them);
+//! `dz W` a block of the
+//! weight's columns a thread; `dz^T x` as the packed path makes it. Each
+//! value sums the same pairs in the same order as the packed path's
+//! product, so the head's bits are the packed path's whatever its rows
+//! (tested). On AMX the three products took 14.1-17.0 ms a step on
+//! `medium` short chat at batch 4 (the f32 FMAs here: 19.2-23.5) and
+//! 26-30 on SmolLM2-135M (38.6-44.4), timed in the step
+//! (docs/benchmarks/2026-12-06-bf16-norm-and-head-tiles.md); on
+//! `vdpbf16ps` see [`AVX512_BF16_ROWS`].
 //!
 //! The `unsafe` blocks are [`fresh_in`] for `dW` and [`fresh`] for the
 //! tiles' `x W^T` turned round, every value of each written.
@@ -74,18 +77,31 @@ const ROWS_PER_PARTIAL: usize = 512;
 /// by their chunks.
 pub(crate) const AMX_ROWS: usize = 128;
 
+/// At most this many rows take these products on `vdpbf16ps`
+/// ([`Tiles::Avx512Bf16`]), whose bits are the packed path's too. The
+/// head's loss and both gradients, best of 7 in process on AMD Zen 5
+/// (family 26, model 2), these products against the chunked packed path:
+/// `medium` (`C` 512, `V` 32000) 21.2 against 29.8 ms at 32 rows, 41.8
+/// against 53.6 at 128, 49.8 against 58.2 at 192, 70.3 against 64.8 at
+/// 256; SmolLM2-135M (`C` 576, `V` 49152) 38.7 / 62.2 at 32, 114 / 146 at
+/// 192, 174 / 175 at 256. The FMAs took 46.9 ms (`medium`) and 91.0
+/// (SmolLM2-135M) for the three products alone at 32 rows.
+pub(crate) const AVX512_BF16_ROWS: usize = 192;
+
 /// The most rows these products take in this process: [`AMX_ROWS`] on
-/// AMX, [`ROWS`] elsewhere.
+/// AMX, [`AVX512_BF16_ROWS`] on `vdpbf16ps`, [`ROWS`] elsewhere.
 pub(crate) fn rows_taken() -> usize {
     match Tiles::of_this_process() {
         Tiles::Amx => AMX_ROWS,
+        Tiles::Avx512Bf16 => AVX512_BF16_ROWS,
         Tiles::No => ROWS,
     }
 }
 
-/// Columns of the AMX micro-tile: blocks of `dz W`'s columns are whole
-/// panels of them.
-const AMX_PANEL: usize = 32;
+/// Columns of the packed bodies' micro-tiles (AMX's and `vdpbf16ps`'s
+/// alike): blocks of `dz W`'s columns are whole panels of them.
+const PANEL: usize = 32;
+const _: () = assert!(PANEL == super::packed::NR);
 
 /// Lanes of the dot products along `C`.
 const LANES: usize = 16;
@@ -205,23 +221,36 @@ fn reduce(mut lanes: [f32; LANES]) -> f32 {
     lanes[0]
 }
 
-/// Whether the head's products run on AMX's tiles ([`Tiles::Amx`]), or
-/// stream the weight through f32 FMAs ([`Tiles::No`]).
+/// Whether the head's products run on a packed body ([`Tiles::Amx`],
+/// [`Tiles::Avx512Bf16`]), or stream the weight through f32 FMAs
+/// ([`Tiles::No`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tiles {
     /// The AMX body's products, operands arranged for few rows.
     Amx,
+    /// The `vdpbf16ps` body's products, operands arranged as for AMX.
+    Avx512Bf16,
     /// The f32 FMAs of this file, on every CPU.
     No,
 }
 
 impl Tiles {
-    /// [`Tiles::Amx`] where this process multiplies on AMX.
+    /// The packed body of the process's choice where there is one
+    /// (`gemm_bf16::body`), the FMAs where it multiplies widened values.
     pub(crate) fn of_this_process() -> Self {
-        if super::body() == Body::Amx {
-            Self::Amx
-        } else {
-            Self::No
+        match super::body() {
+            Body::Amx => Self::Amx,
+            Body::Avx512Bf16 => Self::Avx512Bf16,
+            Body::Widened => Self::No,
+        }
+    }
+
+    /// The packed body these products run on, if any.
+    fn packed(self) -> Option<Body> {
+        match self {
+            Self::Amx => Some(Body::Amx),
+            Self::Avx512Bf16 => Some(Body::Avx512Bf16),
+            Self::No => None,
         }
     }
 }
@@ -247,9 +276,9 @@ fn turned(t: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 
 /// `x W^T`: `[K, V]`, row-major.
 ///
-/// On AMX ([`Tiles::Amx`]) it is `(W x^T)^T`: the weight is `A`, whose
-/// row blocks the threads pack into L2 as they go (`x` packed once as
-/// `B`, one panel of 32 columns), where `x` as `A` is one row block for
+/// On a packed body ([`Tiles::Amx`], [`Tiles::Avx512Bf16`]) it is
+/// `(W x^T)^T`: the weight is `A`, whose row blocks the threads pack into
+/// L2 as they go (`x` packed once as `B`, one panel of 32 columns), where `x` as `A` is one row block for
 /// one thread and the weight a head-sized `B` pack. Each value sums the
 /// same pairs in the same tile order as the packed body's `x W^T`, so it
 /// is that product's bits.
@@ -265,8 +294,8 @@ pub(crate) fn x_wt(x: &[f32], weight: View16<'_>, tiles: Tiles) -> Vec<f32> {
         "bf16 skinny product: x holds {} values for width {cols}",
         x.len()
     );
-    if tiles == Tiles::Amx {
-        let zt = super::product_with(Body::Amx, weight, View16::f32(x, k, cols).t());
+    if let Some(body) = tiles.packed() {
+        let zt = super::product_with(body, weight, View16::f32(x, k, cols).t());
         return turned(&zt, vocab, k);
     }
     // `[V, K]` first (a task owns whole rows of it), then turned round.
@@ -308,7 +337,7 @@ pub(crate) fn x_wt(x: &[f32], weight: View16<'_>, tiles: Tiles) -> Vec<f32> {
 
 /// `dz W`: `[K, C]`, row-major.
 ///
-/// On AMX it is the packed body's `dz W` (its bits), a block of the
+/// On a packed body it is that body's `dz W` (its bits), a block of the
 /// weight's columns a thread, each packing its columns K block by K
 /// block into L2: with `dz` as the one row block of `A`, the whole
 /// product would run on one thread.
@@ -323,14 +352,14 @@ pub(crate) fn dz_w(dz: &[f32], weight: View16<'_>, tiles: Tiles) -> Vec<f32> {
         "bf16 skinny product: dz holds {} values for vocabulary {vocab}",
         dz.len()
     );
-    if tiles == Tiles::Amx {
+    if let Some(body) = tiles.packed() {
         // One block of columns a thread (whole panels of the tiles' 32
         // columns): each task packs `A` (all of `dz`) again, and
         // SmolLM2-135M's `dz W` took 11 ms in blocks of 64 columns, 7 in
         // blocks of 288.
         let amx_cols = cols
             .div_ceil(rayon::current_num_threads())
-            .next_multiple_of(AMX_PANEL);
+            .next_multiple_of(PANEL);
         let blocks: Vec<(usize, Vec<f32>)> = (0..cols)
             .step_by(amx_cols)
             .map(|c0| amx_cols.min(cols - c0))
@@ -339,7 +368,7 @@ pub(crate) fn dz_w(dz: &[f32], weight: View16<'_>, tiles: Tiles) -> Vec<f32> {
             .enumerate()
             .map(|(b, width)| {
                 let block = weight.columns(b * amx_cols, width);
-                let dx = super::product_with(Body::Amx, View16::f32(dz, k, vocab), block);
+                let dx = super::product_with(body, View16::f32(dz, k, vocab), block);
                 (width, dx)
             })
             .collect();
@@ -401,7 +430,7 @@ pub(crate) fn dz_w(dz: &[f32], weight: View16<'_>, tiles: Tiles) -> Vec<f32> {
 
 /// `dz^T x`: `[V, C]` row-major, in a fresh vector with room for at
 /// least `capacity` values, so that a caller can append to it without a
-/// copy. On AMX the packed body's product (`dz^T` as `A`, `x` as `B`,
+/// copy. On a packed body its product (`dz^T` as `A`, `x` as `B`,
 /// both packed by blocks of rows; tiles stored into `dW` in place).
 ///
 /// # Panics
@@ -420,9 +449,9 @@ pub(crate) fn dzt_x(
         dz.len(),
         x.len()
     );
-    if tiles == Tiles::Amx {
+    if let Some(body) = tiles.packed() {
         return super::product_with_buffer(
-            Body::Amx,
+            body,
             View16::f32(dz, k, vocab).t(),
             View16::f32(x, k, cols),
             Vec::with_capacity(capacity.max(vocab * cols)),
@@ -581,8 +610,8 @@ mod tests {
     }
 
     /// The same bits on one thread and on three: every sum has a fixed
-    /// order whatever the split (on AMX the blocks of `dz W`'s columns
-    /// follow the thread count).
+    /// order whatever the split (on a packed body the blocks of `dz W`'s
+    /// columns follow the thread count).
     #[test]
     fn the_bits_do_not_depend_on_the_thread_count() {
         let (k, cols, vocab) = (7, 72, 1500);
@@ -612,58 +641,68 @@ mod tests {
         }
     }
 
-    /// The tile forms this CPU runs: the FMAs everywhere, AMX where it is
-    /// (a NOTE says when it is not, so the log shows it went untested).
+    /// The tile forms this CPU runs: the FMAs everywhere, the packed
+    /// bodies where they are (a NOTE says which is not, so the log shows
+    /// it went untested).
     fn all_tiles() -> impl Iterator<Item = Tiles> {
-        let amx = Body::Amx.available();
-        if !amx {
-            eprintln!("NOTE: no AMX-BF16 here: the head's products on tiles not tested");
-        }
-        [Tiles::No].into_iter().chain(amx.then_some(Tiles::Amx))
+        [Tiles::No].into_iter().chain(packed_tiles())
     }
 
-    /// On AMX the three products are the packed body's, bit for bit, with
-    /// `x` and `dz` as its `A` and the weight its `B` (the head's products
-    /// for more rows than [`rows_taken`]): the weight as `A` sums the same pairs
-    /// in the same tile order. So on AMX the head's bits do not depend on
-    /// which of its paths a batch's row count takes.
+    /// The packed bodies' forms this CPU runs, with a NOTE for each it
+    /// cannot.
+    fn packed_tiles() -> impl Iterator<Item = Tiles> {
+        [
+            (Tiles::Amx, Body::Amx, "AMX-BF16"),
+            (Tiles::Avx512Bf16, Body::Avx512Bf16, "AVX512-BF16"),
+        ]
+        .into_iter()
+        .filter_map(|(tiles, body, name)| {
+            let here = body.available();
+            if !here {
+                eprintln!("NOTE: no {name} here: the head's few-row products on it not tested");
+            }
+            here.then_some(tiles)
+        })
+    }
+
+    /// On a packed body (AMX, `vdpbf16ps`) the three products are that
+    /// body's, bit for bit, with `x` and `dz` as its `A` and the weight its
+    /// `B` (the head's products for more rows than [`rows_taken`]): the
+    /// weight as `A` sums the same pairs in the same order. So there the
+    /// head's bits do not depend on which of its paths a batch's row
+    /// count takes.
     #[test]
-    fn on_amx_the_products_are_the_packed_bodys_bits() {
-        if !Body::Amx.available() {
-            eprintln!("NOTE: no AMX-BF16 here: the tiles' bits not compared");
-            return;
-        }
+    fn on_a_packed_body_the_products_are_its_bits() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for (k, cols, vocab) in [(1, 40, 70), (21, 576, 3000), (32, 72, 1500), (5, 33, 1030)] {
-            let master = values(vocab * cols, 8);
-            let copy: Vec<bf16> = round_slice(&master);
-            let x = rounded_values(k * cols, 9);
-            let dz = rounded_values(k * vocab, 10);
-            let weight = View16::bf16(&copy, vocab, cols);
-            let what = format!("K {k}, C {cols}, V {vocab}");
-            assert_eq!(
-                bits(&x_wt(&x, weight, Tiles::Amx)),
-                bits(&product_with(
-                    Body::Amx,
-                    View16::f32(&x, k, cols),
-                    weight.t()
-                )),
-                "x W^T, {what}"
-            );
-            assert_eq!(
-                bits(&dz_w(&dz, weight, Tiles::Amx)),
-                bits(&product_with(Body::Amx, View16::f32(&dz, k, vocab), weight)),
-                "dz W, {what}"
-            );
-            assert_eq!(
-                bits(&dzt_x(&dz, &x, [vocab, cols], 0, Tiles::Amx)),
-                bits(&product_with(
-                    Body::Amx,
-                    View16::f32(&dz, k, vocab).t(),
-                    View16::f32(&x, k, cols)
-                )),
-                "dz^T x, {what}"
-            );
+        for tiles in packed_tiles() {
+            let body = tiles.packed().expect("a packed body");
+            for (k, cols, vocab) in [(1, 40, 70), (21, 576, 3000), (32, 72, 1500), (5, 33, 1030)] {
+                let master = values(vocab * cols, 8);
+                let copy: Vec<bf16> = round_slice(&master);
+                let x = rounded_values(k * cols, 9);
+                let dz = rounded_values(k * vocab, 10);
+                let weight = View16::bf16(&copy, vocab, cols);
+                let what = format!("{tiles:?}, K {k}, C {cols}, V {vocab}");
+                assert_eq!(
+                    bits(&x_wt(&x, weight, tiles)),
+                    bits(&product_with(body, View16::f32(&x, k, cols), weight.t())),
+                    "x W^T, {what}"
+                );
+                assert_eq!(
+                    bits(&dz_w(&dz, weight, tiles)),
+                    bits(&product_with(body, View16::f32(&dz, k, vocab), weight)),
+                    "dz W, {what}"
+                );
+                assert_eq!(
+                    bits(&dzt_x(&dz, &x, [vocab, cols], 0, tiles)),
+                    bits(&product_with(
+                        body,
+                        View16::f32(&dz, k, vocab).t(),
+                        View16::f32(&x, k, cols)
+                    )),
+                    "dz^T x, {what}"
+                );
+            }
         }
     }
 
