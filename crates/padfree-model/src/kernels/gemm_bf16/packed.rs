@@ -38,21 +38,10 @@ pub(super) struct Pack {
 }
 
 impl Pack {
-    /// `len` zeros from a cache line on, to be written.
-    pub(super) fn zeroed(&mut self, len: usize) -> &mut [u32] {
-        const LINE: usize = 64 / std::mem::size_of::<u32>();
-        self.buf.clear();
-        self.buf.resize(len + LINE - 1, 0);
-        // `align_offset` may say `usize::MAX` where it cannot tell; the
-        // values are then used where they lie (slower, as correct).
-        self.start = self.buf.as_ptr().align_offset(64).min(LINE - 1);
-        self.len = len;
-        &mut self.buf[self.start..self.start + len]
-    }
-
     /// `len` values from a cache line on, each to be written: what the
-    /// buffer held before (zeros where it grew). For `B`'s packs, whose
-    /// zeroing was 272 MB a SmolLM2 step of short examples (traced).
+    /// buffer held before (zeros where it grew). The packs write every
+    /// value they hand out: zeroing `B`'s first was 272 MB a SmolLM2 step
+    /// of short examples (traced).
     pub(super) fn unset(&mut self, len: usize) -> &mut [u32] {
         const LINE: usize = 64 / std::mem::size_of::<u32>();
         if self.buf.len() < len + LINE - 1 {
@@ -69,7 +58,7 @@ impl Pack {
         self.len = 0;
     }
 
-    /// The values [`Pack::zeroed`] or [`Pack::unset`] handed out.
+    /// The values [`Pack::unset`] handed out.
     pub(super) fn values(&self) -> &[u32] {
         &self.buf[self.start..self.start + self.len]
     }
@@ -471,7 +460,7 @@ fn scatter<const WIDTH: usize>(line: &[u32], panel: &mut [u32], slot: usize) {
 
 /// How [`pack_a`] laid out a row block: either way `MR` rows of the block
 /// take `pairs * MR` consecutive values, so a panel is the same slice.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Layout {
     /// `[row][pair]`: each row's pairs in order, as a row-major bf16 `A`
     /// already holds them. The micro-kernel reads row `i`'s pair `p` at
@@ -499,14 +488,20 @@ fn pack_a<E: Element>(
     out: &mut Pack,
 ) -> Layout {
     let pairs = kc.div_ceil(2);
-    let out = out.zeroed(mc.div_ceil(MR) * pairs * MR);
+    // Every value is written below, the rows past `mc` as zeros: zeroing
+    // the whole pack first wrote each real value twice (a `memset` of
+    // every `A` a step).
+    let out = out.unset(mc.div_ceil(MR) * pairs * MR);
     if a.col_stride == 1 {
-        for (r, line) in out.chunks_exact_mut(pairs).take(mc).enumerate() {
+        let (real, pad) = out.split_at_mut(mc * pairs);
+        for (r, line) in real.chunks_exact_mut(pairs).enumerate() {
             let from = (i0 + r) * a.row_stride + k0;
             pairs_of(&v[from..from + kc], line);
         }
+        pad.fill(0);
         return Layout::Rows;
     }
+    zero_panel_pad(out, mc, pairs);
     if a.col_stride != 1 && a.row_stride == 1 {
         // Columns contiguous along M (`dy^T`, K the tokens): two K lines at
         // a time, each read once across the whole block, then cut into the
@@ -544,6 +539,19 @@ fn pack_a<E: Element>(
         }
     }
     Layout::Panels
+}
+
+/// Zeros in the last panel's rows past `mc` (`[panel][pair][MR]`), which
+/// no row of `A` fills.
+#[inline(always)]
+fn zero_panel_pad(out: &mut [u32], mc: usize, pairs: usize) {
+    let filled = mc % MR;
+    if filled == 0 {
+        return;
+    }
+    for group in out[mc / MR * pairs * MR..].chunks_exact_mut(MR) {
+        group[filled..].fill(0);
+    }
 }
 
 /// K `k0..k0 + kc` of every column of `b` (whose values are `v`) as panels
@@ -1133,7 +1141,7 @@ unsafe fn micro_avx512_bf16<const ROWS: bool>(
 
 #[cfg(test)]
 mod tests {
-    use super::{NR, Pack, pack_b};
+    use super::{MR, NR, Pack, pack_a, pack_b};
     use crate::kernels::gemm_bf16::View16;
     use crate::kernels::gemm_bf16::operand::{Values, test_layouts};
     use half::bf16;
@@ -1345,16 +1353,58 @@ mod tests {
         }
     }
 
-    /// A pack's values start on a cache line, are as many as asked and all
-    /// zero, also when the buffer is reused for another size (tile loads
-    /// off a line cost six times as much; `malloc` aligns to 16 bytes).
+    /// `A`'s pack writes every value it hands out, the rows past the
+    /// block's last (to whole micro-tiles) and K's odd half included: the
+    /// same pack and layout from a fresh buffer and from one full of
+    /// garbage, for `x` (rows along K), `dy^T` (lines along M) and a view
+    /// strided both ways, blocks of whole micro-tiles and not, odd K.
     #[test]
-    fn a_pack_hands_out_zeros_on_a_cache_line() {
+    fn a_packs_do_not_depend_on_what_the_buffer_held() {
+        let (m, k) = (45, 77);
+        let w: Vec<bf16> = (0..2 * m * k)
+            .map(|i| bf16::from_f32(i as f32 * 0.25 - 500.0))
+            .collect();
+        for (name, a) in test_layouts(Values::Bf16(&w), m, k) {
+            for (i0, mc) in [(0, m), (3, 2 * MR), (30, 15), (44, 1)] {
+                for (k0, kc) in [(0, k), (4, 33), (10, 6)] {
+                    let mut fresh = Pack::default();
+                    let layout = pack_a(&w, a, i0, mc, k0, kc, &mut fresh);
+                    let mut stale = Pack::default();
+                    stale.unset(2 * m * k).fill(0xdead_beef);
+                    let again = pack_a(&w, a, i0, mc, k0, kc, &mut stale);
+                    let what = format!("{name}, rows {i0}+{mc}, K {k0}+{kc}");
+                    assert_eq!(layout, again, "{what}");
+                    assert_eq!(fresh.values(), stale.values(), "{what}");
+                    assert_eq!(fresh.values().len(), mc.div_ceil(MR) * kc.div_ceil(2) * MR);
+                    // The rows past `mc` hold zeros: the micro-tile adds
+                    // their products into rows it never stores.
+                    let filled = mc % MR;
+                    if filled > 0 {
+                        let pairs = kc.div_ceil(2);
+                        let last = &fresh.values()[mc / MR * pairs * MR..];
+                        let pad: Vec<u32> = match layout {
+                            super::Layout::Rows => last[filled * pairs..].to_vec(),
+                            super::Layout::Panels => last
+                                .chunks_exact(MR)
+                                .flat_map(|g| g[filled..].to_vec())
+                                .collect(),
+                        };
+                        assert!(pad.iter().all(|&v| v == 0), "{what}: padding");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A pack's values start on a cache line and are as many as asked,
+    /// also when the buffer is reused for another size (tile loads off a
+    /// line cost six times as much; `malloc` aligns to 16 bytes).
+    #[test]
+    fn a_pack_hands_out_values_on_a_cache_line() {
         let mut pack = Pack::default();
         for len in [1, 15, 16, 1000, 4096, 3, 70_000] {
-            let values = pack.zeroed(len);
+            let values = pack.unset(len);
             assert_eq!(values.len(), len);
-            assert!(values.iter().all(|&v| v == 0), "{len} values");
             assert_eq!(values.as_ptr() as usize % 64, 0, "{len} values");
             values.fill(7);
             assert_eq!(pack.values().len(), len);
