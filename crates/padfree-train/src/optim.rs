@@ -520,13 +520,13 @@ impl AdamW {
 }
 
 /// The order [`AdamW::step_writing_bf16`] updates the parameters in:
-/// those without a new bf16 copy first, then by the copy's length, the
-/// longest last (ties in parameter order). A new copy is made while its
-/// parameter's gradient is still alive, and each gradient is freed once
-/// its parameter is done, so the first copy made adds to every gradient
-/// at once: in parameter order that was the tied embedding's (SmolLM2-135M:
-/// 54 MiB over the backward pass's peak, in short steps the step's
-/// peak). Last, most gradients' room is free for it. Each value's update
+/// those without a bf16 copy to write first, then by the copy's length,
+/// the longest last (ties in parameter order). A new copy is made while
+/// its parameter's gradient is still alive, and each gradient is freed
+/// once its parameter is done, so the first copy made adds to every
+/// gradient at once: in parameter order that was the tied embedding's
+/// (SmolLM2-135M: 54 MiB, which put the update's buffers 46 MiB over the
+/// backward pass's most, in short steps the step's peak). Last, most gradients' room is free for it. Each value's update
 /// reads only its own state, so the order changes no bit.
 fn copy_order(copies: &[Option<CopyToWrite<'_>>], parameters: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..parameters).collect();

@@ -1258,7 +1258,7 @@ mod tests {
         if !packing_runs_here() {
             return;
         }
-        use super::{Layout, MR, pack_a, pack_a_lines};
+        use super::{Layout, pack_a_lines};
         for (m, k) in [(150usize, 600usize), (MR * 5, 70), (MR + 1, 33), (400, 1)] {
             // `dy` is `[K, M]`; `A = dy^T`.
             let d32: Vec<f32> = (0..k * m)
