@@ -526,8 +526,9 @@ impl AdamW {
 /// once its parameter is done, so the first copy made adds to every
 /// gradient at once: in parameter order that was the tied embedding's
 /// (SmolLM2-135M: 54 MiB, which put the update's buffers 46 MiB over the
-/// backward pass's most, in short steps the step's peak). Last, most gradients' room is free for it. Each value's update
-/// reads only its own state, so the order changes no bit.
+/// backward pass's most, in short steps the step's peak). Made last, it
+/// finds most gradients' room free. Each value's update reads only its
+/// own state, so the order changes no bit.
 fn copy_order(copies: &[Option<CopyToWrite<'_>>], parameters: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..parameters).collect();
     order.sort_by_key(|&i| {
