@@ -209,12 +209,18 @@ pub(crate) fn load(stored: &[f32], len: usize) -> Vec<f32> {
     );
     let body = |(src, dst): (&[f32], &mut [MaybeUninit<f32>])| {
         dispatch(|| {
-            for (pair, s) in dst.chunks_mut(2).zip(src) {
+            // Whole pairs in a loop without a branch, so that it vectorises
+            // (`chunks_mut(2)` with an optional high half stayed scalar: 1.8%
+            // of a `medium` `--bf16` step in the attention's backward).
+            let last = src.get(dst.len() / 2);
+            let mut pairs = dst.chunks_exact_mut(2);
+            for (pair, s) in (&mut pairs).zip(src) {
                 let bits = s.to_bits();
                 pair[0].write(f32::from_bits(bits << 16));
-                if let Some(hi) = pair.get_mut(1) {
-                    hi.write(f32::from_bits(bits & 0xFFFF_0000));
-                }
+                pair[1].write(f32::from_bits(bits & 0xFFFF_0000));
+            }
+            if let ([lo], Some(s)) = (pairs.into_remainder(), last) {
+                lo.write(f32::from_bits(s.to_bits() << 16));
             }
         });
     };

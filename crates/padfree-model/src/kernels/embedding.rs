@@ -26,6 +26,7 @@ use rayon::prelude::*;
 use super::attention::is_cpu;
 use super::fresh::fresh;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use super::simd::dispatch;
 use crate::tensor::{Tensor, int_tensor, select_rows};
 
 /// Table rows per rayon task of the backward pass.
@@ -147,19 +148,33 @@ fn scatter_add(d_out: &[f32], ids: &[usize], [vocab, width]: [usize; 2]) -> Vec<
         out.par_chunks_mut(ROWS_PER_TASK * width.max(1))
             .enumerate()
             .for_each(|(task, rows)| {
-                let mut sum = vec![0.0f32; width];
-                for (at, row) in rows.chunks_mut(width).enumerate() {
-                    let v = task * ROWS_PER_TASK + at;
-                    sum.fill(0.0);
-                    for &n in &order[starts[v]..starts[v + 1]] {
-                        for (s, &g) in sum.iter_mut().zip(&d_out[n * width..(n + 1) * width]) {
-                            *s += g;
+                // Compiled for the CPU's SIMD, and the rows no token has
+                // (most of a vocabulary) written as zeros in one pass: with
+                // a zeroed sum copied into each, the table's gradient took
+                // 2.3% of a `medium` `--bf16` step (32k ids, short chat).
+                dispatch(|| {
+                    let mut sum = vec![0.0f32; width];
+                    for (at, row) in rows.chunks_mut(width).enumerate() {
+                        let v = task * ROWS_PER_TASK + at;
+                        let tokens = &order[starts[v]..starts[v + 1]];
+                        if tokens.is_empty() {
+                            for o in row.iter_mut() {
+                                o.write(0.0);
+                            }
+                            continue;
+                        }
+                        sum.fill(0.0);
+                        for &n in tokens {
+                            let g = &d_out[n * width..(n + 1) * width];
+                            for (s, &g) in sum.iter_mut().zip(g) {
+                                *s += g;
+                            }
+                        }
+                        for (o, &s) in row.iter_mut().zip(&sum) {
+                            o.write(s);
                         }
                     }
-                    for (o, &s) in row.iter_mut().zip(&sum) {
-                        o.write(s);
-                    }
-                }
+                })
             });
     };
     // SAFETY: every chunk of `width` values (one table row, `vocab * width`

@@ -156,6 +156,27 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
+/// `sum(a * b * c)`, each product `(a * b) * c`, in eight independent
+/// lanes as [`dot`] (RMSNorm's backward: `sum(dy * weight * x)` per row).
+#[inline(always)]
+pub(crate) fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (a_chunks, b_chunks, c_chunks) = (a.chunks_exact(8), b.chunks_exact(8), c.chunks_exact(8));
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .zip(c_chunks.remainder())
+        .map(|((x, y), z)| x * y * z)
+        .sum();
+    for ((x, y), z) in a_chunks.zip(b_chunks).zip(c_chunks) {
+        for lane in 0..8 {
+            lanes[lane] += x[lane] * y[lane] * z[lane];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 /// `sum(e^(x - shift))` over `row`, in eight lanes (vectorised exp and sum).
 #[inline(always)]
 pub(crate) fn sum_exp(row: &[f32], shift: f32) -> f32 {
@@ -266,7 +287,13 @@ mod tests {
         let run = || {
             let mut e = a.clone();
             let sum = exp_in_place(&mut e, 0.5);
-            [dot(&a, &b), sum_exp(&a, 0.5), max(&a), sum]
+            [
+                dot(&a, &b),
+                dot3(&a, &b, &a),
+                sum_exp(&a, 0.5),
+                max(&a),
+                sum,
+            ]
         };
         let plain = run();
         let dispatched = dispatch(run);
@@ -294,6 +321,32 @@ mod tests {
             assert!(
                 (f64::from(sum) - plain_sum).abs() <= 1e-6 * plain_sum.max(1.0),
                 "sum of {n}"
+            );
+        }
+    }
+
+    /// The eight-lane products against f64 sums: within f32 reordering, at
+    /// lengths with and without a tail.
+    #[test]
+    fn lane_products_match_f64_sums() {
+        for n in [0usize, 1, 7, 8, 9, 67, 576] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| 0.5 + (i as f32 * 0.11).cos()).collect();
+            let c: Vec<f32> = (0..n).map(|i| (i as f32 * 0.23).cos() - 0.2).collect();
+            let (mut two, mut three, mut size) = (0.0f64, 0.0f64, 0.0f64);
+            for ((&x, &y), &z) in a.iter().zip(&b).zip(&c) {
+                two += f64::from(x) * f64::from(y);
+                three += f64::from(x) * f64::from(y) * f64::from(z);
+                size += (f64::from(x) * f64::from(y) * f64::from(z)).abs() + f64::from(x * y).abs();
+            }
+            let tolerance = 1e-6 * size.max(1.0);
+            assert!(
+                (f64::from(dot(&a, &b)) - two).abs() <= tolerance,
+                "dot of {n}"
+            );
+            assert!(
+                (f64::from(dot3(&a, &b, &c)) - three).abs() <= tolerance,
+                "dot3 of {n}"
             );
         }
     }

@@ -4,7 +4,11 @@
 //! Composed from tensor ops, RMSNorm is seven passes over `[N, C]` forward
 //! (square, mean, add, sqrt, reciprocal, two products) and about twice that
 //! backward, each allocating; here it is one pass each way, rows over
-//! threads.
+//! threads, compiled for the CPU's SIMD (`simd::dispatch`). Each row's sum
+//! (`x^2` forward, `dy * weight * x` backward) runs in eight lanes of a
+//! fixed order (`simd::dot`), so that it vectorises and every instruction
+//! set computes the same bits: a single running sum kept these loops scalar
+//! (2.9% of a `medium` `--bf16` step, short chat, batch 8, on Zen 4).
 //!
 //! # Shapes
 //! `N` rows, `C` channels. `x`, `y`, `dy`, `dx`: `[N, C]`; `weight`, `dw`:
@@ -20,6 +24,7 @@ use super::attention::is_cpu;
 use super::bf16::round_in_place;
 use super::fresh::fresh;
 use super::host_op::{HostOp, HostOutput, HostTensor, UnsupportedTensor, apply};
+use super::simd::{self, dispatch};
 use rayon::prelude::*;
 
 #[cfg(feature = "cube")]
@@ -148,14 +153,16 @@ pub fn forward(x: &[f32], weight: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
                 .zip(inv_rms.par_chunks_mut(ROWS_PER_TASK))
                 .zip(x.par_chunks(ROWS_PER_TASK * channels))
                 .for_each(|((y, inv_rms), x)| {
-                    let rows = y.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
-                    for ((y, x), inv) in rows.zip(inv_rms) {
-                        let mean_square = x.iter().map(|v| v * v).sum::<f32>() / channels as f32;
-                        *inv = 1.0 / (mean_square + eps).sqrt();
-                        for ((y, &x), &w) in y.iter_mut().zip(x).zip(weight) {
-                            y.write(x * *inv * w);
+                    dispatch(|| {
+                        let rows = y.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+                        for ((y, x), inv) in rows.zip(inv_rms) {
+                            let mean_square = simd::dot(x, x) / channels as f32;
+                            *inv = 1.0 / (mean_square + eps).sqrt();
+                            for ((y, &x), &w) in y.iter_mut().zip(x).zip(weight) {
+                                y.write(x * *inv * w);
+                            }
                         }
-                    }
+                    })
                 });
         })
     };
@@ -186,20 +193,19 @@ pub fn backward(x: &[f32], weight: &[f32], inv_rms: &[f32], dy: &[f32]) -> (Vec<
                 .zip(inv_rms.par_chunks(ROWS_PER_TASK))
                 .map(|(((dx, x), dy), inv_rms)| {
                     let mut dweight = vec![0.0f32; channels];
-                    let rows = dx.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
-                    for ((dx, x), (dy, &r)) in rows.zip(dy.chunks_exact(channels).zip(inv_rms)) {
-                        let dot: f32 = dy
-                            .iter()
-                            .zip(weight)
-                            .zip(x)
-                            .map(|((d, w), x)| d * w * x)
-                            .sum();
-                        let correction = r * r * r / channels as f32 * dot;
-                        for c in 0..channels {
-                            dx[c].write(r * dy[c] * weight[c] - x[c] * correction);
-                            dweight[c] += dy[c] * x[c] * r;
+                    dispatch(|| {
+                        let rows = dx.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+                        let rows = rows.zip(dy.chunks_exact(channels).zip(inv_rms));
+                        for ((dx, x), (dy, &r)) in rows {
+                            let dot = simd::dot3(dy, weight, x);
+                            let correction = r * r * r / channels as f32 * dot;
+                            let columns = dx.iter_mut().zip(x).zip(dy).zip(weight);
+                            for ((((dx, &x), &dy), &w), dw) in columns.zip(dweight.iter_mut()) {
+                                dx.write(r * dy * w - x * correction);
+                                *dw += dy * x * r;
+                            }
                         }
-                    }
+                    });
                     dweight
                 })
                 .collect();
