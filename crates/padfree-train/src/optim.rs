@@ -573,7 +573,10 @@ mod tests {
             let run = |dispatched: bool| {
                 let (mut v, mut m, mut s) = (values.clone(), exp_avg.clone(), exp_avg_sq.clone());
                 if dispatched {
-                    simd_dispatch(|| update.apply(&mut v, &mut m, &mut s, &grad));
+                    simd_dispatch(
+                        #[inline(always)]
+                        || update.apply(&mut v, &mut m, &mut s, &grad),
+                    );
                 } else {
                     update.apply(&mut v, &mut m, &mut s, &grad);
                 }

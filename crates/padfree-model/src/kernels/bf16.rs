@@ -75,11 +75,17 @@ pub(crate) fn slice_is_rounded(slice: &[f32]) -> bool {
 /// product scanned it on one thread.
 pub(crate) fn holds_bf16_values(values: &[f32]) -> bool {
     if values.len() >= PARALLEL_VALUES {
-        values
-            .par_chunks(PARALLEL_VALUES / 4)
-            .all(|chunk| dispatch(|| slice_is_rounded(chunk)))
+        values.par_chunks(PARALLEL_VALUES / 4).all(|chunk| {
+            dispatch(
+                #[inline(always)]
+                || slice_is_rounded(chunk),
+            )
+        })
     } else {
-        dispatch(|| slice_is_rounded(values))
+        dispatch(
+            #[inline(always)]
+            || slice_is_rounded(values),
+        )
     }
 }
 
@@ -97,11 +103,14 @@ pub(crate) fn round_slice(values: &[f32]) -> Vec<bf16> {
 pub(crate) fn round_into(values: &[f32], out: &mut [bf16]) {
     assert_eq!(values.len(), out.len(), "bf16 rounding: lengths");
     let body = |(src, dst): (&[f32], &mut [bf16])| {
-        dispatch(|| {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = round(s);
-            }
-        });
+        dispatch(
+            #[inline(always)]
+            || {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    *d = round(s);
+                }
+            },
+        );
     };
     zip_chunks(values, out, body);
 }
@@ -126,11 +135,14 @@ fn zip_chunks<S: Sync, D: Send>(
 /// have made bf16.
 pub(crate) fn round_in_place(values: &mut [f32]) {
     let body = |chunk: &mut [f32]| {
-        dispatch(|| {
-            for v in chunk.iter_mut() {
-                *v = rounded(*v);
-            }
-        });
+        dispatch(
+            #[inline(always)]
+            || {
+                for v in chunk.iter_mut() {
+                    *v = rounded(*v);
+                }
+            },
+        );
     };
     if values.len() >= PARALLEL_VALUES {
         values.par_chunks_mut(PARALLEL_VALUES).for_each(body);
@@ -152,17 +164,20 @@ pub(crate) fn rounded_copy(values: &[f32]) -> Vec<f32> {
 /// activation for the backward pass in half the memory.
 pub(crate) fn store(values: &[f32]) -> Vec<f32> {
     let body = |(src, dst): (&[f32], &mut [MaybeUninit<f32>])| {
-        dispatch(|| {
-            let mut pairs = src.chunks_exact(2);
-            for (d, pair) in dst.iter_mut().zip(&mut pairs) {
-                let bits = u32::from(round(pair[0]).to_bits())
-                    | (u32::from(round(pair[1]).to_bits()) << 16);
-                d.write(f32::from_bits(bits));
-            }
-            if let ([last], Some(d)) = (pairs.remainder(), dst.last_mut()) {
-                d.write(f32::from_bits(u32::from(round(*last).to_bits())));
-            }
-        });
+        dispatch(
+            #[inline(always)]
+            || {
+                let mut pairs = src.chunks_exact(2);
+                for (d, pair) in dst.iter_mut().zip(&mut pairs) {
+                    let bits = u32::from(round(pair[0]).to_bits())
+                        | (u32::from(round(pair[1]).to_bits()) << 16);
+                    d.write(f32::from_bits(bits));
+                }
+                if let ([last], Some(d)) = (pairs.remainder(), dst.last_mut()) {
+                    d.write(f32::from_bits(u32::from(round(*last).to_bits())));
+                }
+            },
+        );
     };
     // SAFETY: `body` sets every slot of its `dst`: one per pair of `src`
     // and the last for a lone value, and each `dst` holds
@@ -185,11 +200,14 @@ pub(crate) fn store(values: &[f32]) -> Vec<f32> {
 /// `values` widened to f32 (exact).
 pub(crate) fn widen_slice(values: &[bf16]) -> Vec<f32> {
     let body = |(src, dst): (&[bf16], &mut [MaybeUninit<f32>])| {
-        dispatch(|| {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                d.write(widen(s));
-            }
-        });
+        dispatch(
+            #[inline(always)]
+            || {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    d.write(widen(s));
+                }
+            },
+        );
     };
     // SAFETY: `body` sets every slot of its `dst`, which holds as many
     // values as its `src` (chunks of the same length of slices of the same
@@ -208,21 +226,24 @@ pub(crate) fn load(stored: &[f32], len: usize) -> Vec<f32> {
         stored.len()
     );
     let body = |(src, dst): (&[f32], &mut [MaybeUninit<f32>])| {
-        dispatch(|| {
-            // Whole pairs in a loop without a branch, so that it vectorises
-            // (`chunks_mut(2)` with an optional high half stayed scalar: 1.8%
-            // of a `medium` `--bf16` step in the attention's backward).
-            let last = src.get(dst.len() / 2);
-            let mut pairs = dst.chunks_exact_mut(2);
-            for (pair, s) in (&mut pairs).zip(src) {
-                let bits = s.to_bits();
-                pair[0].write(f32::from_bits(bits << 16));
-                pair[1].write(f32::from_bits(bits & 0xFFFF_0000));
-            }
-            if let ([lo], Some(s)) = (pairs.into_remainder(), last) {
-                lo.write(f32::from_bits(s.to_bits() << 16));
-            }
-        });
+        dispatch(
+            #[inline(always)]
+            || {
+                // Whole pairs in a loop without a branch, so that it vectorises
+                // (`chunks_mut(2)` with an optional high half stayed scalar: 1.8%
+                // of a `medium` `--bf16` step in the attention's backward).
+                let last = src.get(dst.len() / 2);
+                let mut pairs = dst.chunks_exact_mut(2);
+                for (pair, s) in (&mut pairs).zip(src) {
+                    let bits = s.to_bits();
+                    pair[0].write(f32::from_bits(bits << 16));
+                    pair[1].write(f32::from_bits(bits & 0xFFFF_0000));
+                }
+                if let ([lo], Some(s)) = (pairs.into_remainder(), last) {
+                    lo.write(f32::from_bits(s.to_bits() << 16));
+                }
+            },
+        );
     };
     // SAFETY: `body` sets every slot of its `dst`, two per value of `src`
     // (one for the last of an odd `len`): each `dst` chunk holds at most

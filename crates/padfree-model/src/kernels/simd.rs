@@ -257,6 +257,56 @@ mod tests {
         assert!(exp(f32::MIN) >= 0.0);
     }
 
+    /// Every closure written into a `dispatch` call in the workspace's
+    /// sources is `#[inline(always)]`. A body LLVM does not inline stays a
+    /// function of its own, built for the baseline: RMSNorm's and the
+    /// embedding gradient's bodies ran SSE code that way inside
+    /// `dispatch`, with the same bits, so no level test could tell.
+    #[test]
+    fn dispatched_closures_are_inlined() {
+        fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).expect("a source folder").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    sources(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for krate in std::fs::read_dir(&crates)
+            .expect("the workspace's crates")
+            .flatten()
+        {
+            let src = krate.path().join("src");
+            if src.is_dir() {
+                sources(&src, &mut files);
+            }
+        }
+        let (mut calls, mut bare) = (0, Vec::new());
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("a source file");
+            for (at, _) in text.match_indices("dispatch(") {
+                let after = text[at + "dispatch(".len()..].trim_start();
+                calls += 1;
+                if after.starts_with('|') || after.starts_with("move") {
+                    let line = text[..at].lines().count();
+                    bare.push(format!("{}:{line}", file.display()));
+                }
+            }
+        }
+        assert!(
+            calls > 20,
+            "found only {calls} dispatch calls: the scan is broken"
+        );
+        assert!(
+            bare.is_empty(),
+            "closures not #[inline(always)] in dispatch: {bare:?}"
+        );
+    }
+
     /// `PADFREE_SIMD` lowers the level where the CPU has the one asked
     /// for, and never raises it; anything else leaves the CPU's best.
     #[test]

@@ -323,7 +323,7 @@ fn widen_block_into<'a>(
                 // Compiled for the CPU's vectors: at the baseline's SSE2
                 // the in-cache path's widening was the bound (a layer's
                 // `x W^T` products 188 -> 177 ms, its `dy W` 221 -> 214).
-                dispatch(|| {
+                dispatch(#[inline(always)] || {
                     for (o, &x) in out.iter_mut().zip(line) {
                         o.write(x.widened());
                     }
@@ -367,21 +367,31 @@ fn all_rounded(
     step: usize,
     parallel: bool,
 ) -> bool {
-    let line = |line: usize| {
-        let from = first(line);
+    // A function, not a closure, so that it can be `#[inline(always)]`:
+    // inlined into the dispatched bodies below, compiled for their SIMD.
+    #[inline(always)]
+    fn line_is_rounded(v: &[f32], from: usize, (line_len, step): (usize, usize)) -> bool {
         if step == 1 {
             slice_is_rounded(&v[from..from + line_len])
         } else {
             (0..line_len).all(|i| unrounded_bits(v[from + i * step]) == 0)
         }
-    };
+    }
     if parallel && lines * line_len >= PARALLEL_VALUES {
         (0..lines)
             .into_par_iter()
             .with_min_len((PARALLEL_VALUES / 4).div_ceil(line_len.max(1)))
-            .all(|i| dispatch(|| line(i)))
+            .all(|i| {
+                dispatch(
+                    #[inline(always)]
+                    || line_is_rounded(v, first(i), (line_len, step)),
+                )
+            })
     } else {
-        dispatch(|| (0..lines).all(line))
+        dispatch(
+            #[inline(always)]
+            || (0..lines).all(|i| line_is_rounded(v, first(i), (line_len, step))),
+        )
     }
 }
 

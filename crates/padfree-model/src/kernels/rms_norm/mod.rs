@@ -153,16 +153,19 @@ pub fn forward(x: &[f32], weight: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
                 .zip(inv_rms.par_chunks_mut(ROWS_PER_TASK))
                 .zip(x.par_chunks(ROWS_PER_TASK * channels))
                 .for_each(|((y, inv_rms), x)| {
-                    dispatch(|| {
-                        let rows = y.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
-                        for ((y, x), inv) in rows.zip(inv_rms) {
-                            let mean_square = simd::dot(x, x) / channels as f32;
-                            *inv = 1.0 / (mean_square + eps).sqrt();
-                            for ((y, &x), &w) in y.iter_mut().zip(x).zip(weight) {
-                                y.write(x * *inv * w);
+                    dispatch(
+                        #[inline(always)]
+                        || {
+                            let rows = y.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+                            for ((y, x), inv) in rows.zip(inv_rms) {
+                                let mean_square = simd::dot(x, x) / channels as f32;
+                                *inv = 1.0 / (mean_square + eps).sqrt();
+                                for ((y, &x), &w) in y.iter_mut().zip(x).zip(weight) {
+                                    y.write(x * *inv * w);
+                                }
                             }
-                        }
-                    })
+                        },
+                    )
                 });
         })
     };
@@ -193,19 +196,22 @@ pub fn backward(x: &[f32], weight: &[f32], inv_rms: &[f32], dy: &[f32]) -> (Vec<
                 .zip(inv_rms.par_chunks(ROWS_PER_TASK))
                 .map(|(((dx, x), dy), inv_rms)| {
                     let mut dweight = vec![0.0f32; channels];
-                    dispatch(|| {
-                        let rows = dx.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
-                        let rows = rows.zip(dy.chunks_exact(channels).zip(inv_rms));
-                        for ((dx, x), (dy, &r)) in rows {
-                            let dot = simd::dot3(dy, weight, x);
-                            let correction = r * r * r / channels as f32 * dot;
-                            let columns = dx.iter_mut().zip(x).zip(dy).zip(weight);
-                            for ((((dx, &x), &dy), &w), dw) in columns.zip(dweight.iter_mut()) {
-                                dx.write(r * dy * w - x * correction);
-                                *dw += dy * x * r;
+                    dispatch(
+                        #[inline(always)]
+                        || {
+                            let rows = dx.chunks_exact_mut(channels).zip(x.chunks_exact(channels));
+                            let rows = rows.zip(dy.chunks_exact(channels).zip(inv_rms));
+                            for ((dx, x), (dy, &r)) in rows {
+                                let dot = simd::dot3(dy, weight, x);
+                                let correction = r * r * r / channels as f32 * dot;
+                                let columns = dx.iter_mut().zip(x).zip(dy).zip(weight);
+                                for ((((dx, &x), &dy), &w), dw) in columns.zip(dweight.iter_mut()) {
+                                    dx.write(r * dy * w - x * correction);
+                                    *dw += dy * x * r;
+                                }
                             }
-                        }
-                    });
+                        },
+                    );
                     dweight
                 })
                 .collect();
