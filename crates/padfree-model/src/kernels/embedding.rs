@@ -169,7 +169,8 @@ fn scatter_add(d_out: &[f32], ids: &[usize], [vocab, width]: [usize; 2]) -> Vec<
         );
     };
     // SAFETY: every chunk of `width` values (one table row, `vocab * width`
-    // values in all) is written in full from `sum`, `width` long.
+    // values in all) is written in full, from `sum` (`width` long) or as
+    // zeros.
     unsafe { fresh(vocab * width, body) }
 }
 
