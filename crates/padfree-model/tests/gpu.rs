@@ -24,8 +24,9 @@ use padfree_model::kernels::{
     AdamWStep, AttentionRows, CausalMasks, RopeTables, composed_adamw_update,
     composed_cross_entropy_sum, composed_rms_norm, composed_rope, composed_sums_of_squares,
     composed_swiglu, composed_varlen_attention, cross_entropy_sum, fused_adamw_update,
-    fused_sums_of_squares, head_cross_entropy_sum, per_row_varlen_attention, rms_norm, rope,
-    swiglu, tiled_by_head_varlen_attention, varlen_attention,
+    fused_adamw_update_group, fused_sums_of_squares, head_cross_entropy_sum,
+    per_row_varlen_attention, rms_norm, rope, swiglu, tiled_by_head_varlen_attention,
+    varlen_attention,
 };
 use padfree_model::tensor::{
     Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, int_tensor_nd, trainable,
@@ -286,6 +287,182 @@ fn cubecl_adamw_matches_the_oracle_and_torchs_formula() {
                 assert_close(&format!("{what} vs f64"), &fused[k], &exact, 0.0, 1e-6);
             }
         }
+    }
+}
+
+/// AdamW's group launch (four parameters a launch, the rest one each)
+/// against a launch a parameter, over three steps, for ten parameters of
+/// other shapes (one element, a row, shapes that fill no workgroup), the
+/// gradients contiguous and as transposed views. The same expression per element: the same bits,
+/// where a parameter read from another's buffer, or an element of the
+/// group's grid mapped to the wrong offset, would differ everywhere.
+#[test]
+fn cubecl_adamw_group_is_a_launch_a_parameter_bit_for_bit() {
+    let device = gpu();
+    let shapes = [
+        [37usize, 91],
+        [1, 1],
+        [3, 300],
+        [64, 64],
+        [1, 577],
+        [129, 5],
+        [2, 2],
+        [300, 7],
+        [11, 13],
+        [5, 1],
+    ];
+    let state = |seed: u64, [rows, cols]: [usize; 2]| {
+        let n = rows * cols;
+        let v: Vec<f32> = random(n, seed + 3, 0.01).iter().map(|x| x * x).collect();
+        [
+            float_tensor(random(n, seed + 1, 1.0), [rows, cols], &device),
+            float_tensor(random(n, seed + 2, 0.01), [rows, cols], &device),
+            float_tensor(v, [rows, cols], &device),
+        ]
+    };
+    let mut grouped: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &shape)| state(10 * i as u64, shape))
+        .collect();
+    let mut single = grouped.clone();
+    for t in 1..=3u64 {
+        let grads: Vec<Tensor<2>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &[rows, cols])| {
+                let g = random(rows * cols, 500 + 10 * t + i as u64, 0.1);
+                if (i as u64 + t) % 2 == 1 {
+                    float_tensor(g, [cols, rows], &device).transpose()
+                } else {
+                    float_tensor(g, [rows, cols], &device)
+                }
+            })
+            .collect();
+        let step = AdamWStep {
+            grad_scale: 0.5,
+            decay: 0.9999,
+            one_minus_beta1: 0.1,
+            beta2: 0.999,
+            one_minus_beta2: 0.001,
+            bias_correction2_sqrt: (1.0f64 - 0.999f64.powi(t as i32)).sqrt() as f32,
+            eps: 1e-8,
+            step_size: (1e-3 / (1.0 - 0.9f64.powi(t as i32))) as f32,
+        };
+        grouped = fused_adamw_update_group(&grouped, &grads, &step).expect("a CubeCL device");
+        single = single
+            .iter()
+            .zip(&grads)
+            .map(|(state, grad)| fused_adamw_update(state, grad, &step).expect("a CubeCL device"))
+            .collect();
+    }
+    assert_eq!(grouped.len(), shapes.len());
+    for (i, (g, s)) in grouped.into_iter().zip(single).enumerate() {
+        for (k, (g, s)) in g.into_iter().zip(s).enumerate() {
+            let (g, s) = (g.into_vec(), s.into_vec());
+            let differ = g
+                .iter()
+                .zip(&s)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "parameter {i} {:?}, state {k}: {differ} values differ",
+                shapes[i]
+            );
+        }
+    }
+    assert!(
+        fused_adamw_update_group(
+            &[],
+            &[],
+            &AdamWStep {
+                grad_scale: 1.0,
+                decay: 1.0,
+                one_minus_beta1: 0.1,
+                beta2: 0.999,
+                one_minus_beta2: 0.001,
+                bias_correction2_sqrt: 1.0,
+                eps: 1e-8,
+                step_size: 1e-3,
+            }
+        )
+        .expect("nothing to do")
+        .is_empty()
+    );
+}
+
+/// The sums of squares of nineteen tensors (two launches of eight, three
+/// alone) against each tensor's own launch bit for bit, and f64 sums: the
+/// same blocks, threads and tree, so the same partials; a group that
+/// reads one tensor's blocks from another's buffer or writes a partial at
+/// the wrong offset differs by whole blocks' sums. Shapes include empty
+/// tensors (no blocks, inside a group), one element, blocks straddling a
+/// tensor's end, a transposed view and a broadcast row.
+#[test]
+fn cubecl_sums_of_squares_in_groups_are_each_tensors_own() {
+    let device = gpu();
+    let mut tensors = Vec::new();
+    for (seed, [rows, cols]) in [
+        [1usize, 1],
+        [37, 91],
+        [0, 5],
+        [300, 100],
+        [8192, 3],
+        [1, 8192],
+        [1, 8193],
+        [64, 129],
+        [2, 2],
+        [0, 1],
+        [5000, 7],
+        [17, 17],
+        [3, 3],
+        [100, 100],
+        [1, 2],
+        [8191, 1],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        tensors.push(float_tensor(
+            random(rows * cols, 800 + seed as u64, 1.0),
+            [rows, cols],
+            &device,
+        ));
+    }
+    tensors.insert(
+        3,
+        float_tensor(random(91 * 37, 820, 1.0), [91, 37], &device).transpose(),
+    );
+    tensors.insert(
+        9,
+        float_tensor(random(50, 821, 1.0), [1, 50], &device).expand([64, 50]),
+    );
+    tensors.push(float_tensor(random(12, 822, 1.0), [3, 4], &device));
+    assert_eq!(tensors.len(), 19);
+    let grouped = fused_sums_of_squares(&tensors)
+        .expect("a CubeCL device")
+        .into_vec();
+    assert_eq!(grouped.len(), tensors.len());
+    for (i, (t, &g)) in tensors.iter().zip(&grouped).enumerate() {
+        let own = fused_sums_of_squares(std::slice::from_ref(t))
+            .expect("a CubeCL device")
+            .into_vec()[0];
+        assert_eq!(
+            g.to_bits(),
+            own.to_bits(),
+            "tensor {i}: grouped {g} vs alone {own}"
+        );
+        let exact: f64 = t
+            .clone()
+            .into_vec()
+            .iter()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum();
+        assert!(
+            (f64::from(g) - exact).abs() <= 1e-6 * exact.max(1.0),
+            "tensor {i}: {g} vs f64 {exact}"
+        );
     }
 }
 

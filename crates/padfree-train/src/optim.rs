@@ -2,7 +2,7 @@ use std::ops::Range;
 
 use half::bf16;
 use padfree_model::CopyToWrite;
-use padfree_model::kernels::{AdamWStep, adamw_update, round_bf16, simd_dispatch};
+use padfree_model::kernels::{AdamWState, AdamWStep, adamw_update_all, round_bf16, simd_dispatch};
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, float_tensor};
 use rayon::prelude::*;
 
@@ -424,8 +424,8 @@ impl AdamW {
 }
 
 /// AdamW's values and moments on a GPU, so a step reads nothing back to the
-/// host: the same formula as [`Update::apply`], one fused kernel launch a
-/// parameter (`padfree_model::kernels::adamw_update`; f32 on the device,
+/// host: the same formula as [`Update::apply`], one fused kernel launch for
+/// four parameters (`padfree_model::kernels::adamw_update_all`; f32 on the device,
 /// its rounding the device's, not bit-identical to the host loop). The
 /// host [`AdamW`] keeps the step count and hyperparameters and is brought
 /// up to date from here before a checkpoint is written.
@@ -497,24 +497,30 @@ impl AdamW {
             decay: 1.0,
             ..decays
         };
-        for (i, grad) in grads.iter().enumerate() {
-            let step = if self.groups[i].decays {
-                &decays
-            } else {
-                &keeps
-            };
-            let [values, exp_avg, exp_avg_sq] = adamw_update(
-                [
-                    state.values[i].clone(),
-                    state.exp_avg[i].clone(),
-                    state.exp_avg_sq[i].clone(),
-                ],
-                grad,
-                step,
-            );
-            state.values[i] = values;
-            state.exp_avg[i] = exp_avg;
-            state.exp_avg_sq[i] = exp_avg_sq;
+        // One launch updates several parameters with the same scalars:
+        // those that decay, then those that do not.
+        for decaying in [true, false] {
+            let indices: Vec<usize> = (0..grads.len())
+                .filter(|&i| self.groups[i].decays == decaying)
+                .collect();
+            let step = if decaying { &decays } else { &keeps };
+            let states: Vec<AdamWState> = indices
+                .iter()
+                .map(|&i| {
+                    [
+                        state.values[i].clone(),
+                        state.exp_avg[i].clone(),
+                        state.exp_avg_sq[i].clone(),
+                    ]
+                })
+                .collect();
+            let group_grads: Vec<Tensor<2>> = indices.iter().map(|&i| grads[i].clone()).collect();
+            let updated = adamw_update_all(states, &group_grads, step);
+            for (&i, [values, exp_avg, exp_avg_sq]) in indices.iter().zip(updated) {
+                state.values[i] = values;
+                state.exp_avg[i] = exp_avg;
+                state.exp_avg_sq[i] = exp_avg_sq;
+            }
         }
     }
 }

@@ -77,9 +77,9 @@ mod simd;
 mod sum_squares;
 mod swiglu;
 
+pub use adamw::{AdamWState, AdamWStep, adamw_update, adamw_update_all, composed_adamw_update};
 #[cfg(feature = "cube")]
-pub use adamw::fused_adamw_update;
-pub use adamw::{AdamWState, AdamWStep, adamw_update, composed_adamw_update};
+pub use adamw::{fused_adamw_update, fused_adamw_update_group};
 pub use attention::{
     AttentionRows, BLOCK_ROWS, CausalMasks, bf16_varlen_attention, composed_padded_attention,
     composed_varlen_attention, half_varlen_attention, per_row_varlen_attention,

@@ -1,10 +1,11 @@
 //! The CubeCL body of [`super::sums_of_squares`].
 //!
-//! - **Partials**: a launch per tensor, a workgroup per block of
-//!   [`BLOCK_ELEMENTS`] of its elements; each thread sums the squares of
-//!   every `threads`-th element of the block, the workgroup adds the
-//!   threads' sums in a fixed tree ([`workgroup_sum`]) and writes one
-//!   partial into the shared buffer, at the tensor's offset plus the block.
+//! - **Partials**: a workgroup per block of [`BLOCK_ELEMENTS`] of a
+//!   tensor's elements; each thread sums the squares of every
+//!   `threads`-th element of the block, the workgroup adds the threads'
+//!   sums in a fixed tree ([`workgroup_sum`]) and writes one partial into
+//!   the shared buffer, at the tensor's offset plus the block. A launch
+//!   takes eight tensors ([`GROUP`]), the last few a launch each.
 //! - **Combine**: one launch, a workgroup per tensor, adding its partials
 //!   (listed by a `[P + 1]` table of offsets) the same way.
 //!
@@ -43,6 +44,26 @@ fn partial_kernel(
     if start >= x.len() {
         terminate!();
     }
+    let sum = block_sum(x, block, block_elements, threads);
+    let total = workgroup_sum(sum, threads);
+    if UNIT_POS_X == 0 {
+        partials[offset as usize + block] = total;
+    }
+}
+
+/// Tensors one group launch of the partial pass reads.
+pub(super) const GROUP: usize = 8;
+
+/// The squares of block `block` of `x`, this thread's share (every
+/// `threads`-th element).
+#[cube]
+fn block_sum(
+    x: &Tensor<f32>,
+    block: usize,
+    #[comptime] block_elements: usize,
+    #[comptime] threads: usize,
+) -> f32 {
+    let start = block * block_elements;
     let mut end = start + block_elements;
     if end > x.len() {
         end = x.len();
@@ -53,6 +74,61 @@ fn partial_kernel(
         let v = x[i];
         sum += v * v;
         i += threads;
+    }
+    sum
+}
+
+/// [`partial_kernel`] of 8 tensors in one launch: their blocks end to
+/// end, each workgroup finding its tensor by the running sum of the
+/// block counts (the same for the whole workgroup, so the tree after it
+/// runs in uniform control flow), its partial at `offset` plus its block
+/// in the group: the same partials, in the same places, as a launch a
+/// tensor.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn partial_group_kernel(
+    x_0: &Tensor<f32>,
+    x_1: &Tensor<f32>,
+    x_2: &Tensor<f32>,
+    x_3: &Tensor<f32>,
+    x_4: &Tensor<f32>,
+    x_5: &Tensor<f32>,
+    x_6: &Tensor<f32>,
+    x_7: &Tensor<f32>,
+    partials: &mut Tensor<f32>,
+    offset: u32,
+    #[comptime] block_elements: usize,
+    #[comptime] threads: usize,
+) {
+    let block = workgroup_index();
+    let end_0 = x_0.len().div_ceil(block_elements);
+    let end_1 = end_0 + x_1.len().div_ceil(block_elements);
+    let end_2 = end_1 + x_2.len().div_ceil(block_elements);
+    let end_3 = end_2 + x_3.len().div_ceil(block_elements);
+    let end_4 = end_3 + x_4.len().div_ceil(block_elements);
+    let end_5 = end_4 + x_5.len().div_ceil(block_elements);
+    let end_6 = end_5 + x_6.len().div_ceil(block_elements);
+    let end_7 = end_6 + x_7.len().div_ceil(block_elements);
+    if block >= end_7 {
+        terminate!();
+    }
+    let mut sum = 0.0f32;
+    if block < end_0 {
+        sum = block_sum(x_0, block, block_elements, threads);
+    } else if block < end_1 {
+        sum = block_sum(x_1, block - end_0, block_elements, threads);
+    } else if block < end_2 {
+        sum = block_sum(x_2, block - end_1, block_elements, threads);
+    } else if block < end_3 {
+        sum = block_sum(x_3, block - end_2, block_elements, threads);
+    } else if block < end_4 {
+        sum = block_sum(x_4, block - end_3, block_elements, threads);
+    } else if block < end_5 {
+        sum = block_sum(x_5, block - end_4, block_elements, threads);
+    } else if block < end_6 {
+        sum = block_sum(x_6, block - end_5, block_elements, threads);
+    } else if block < end_7 {
+        sum = block_sum(x_7, block - end_6, block_elements, threads);
     }
     let total = workgroup_sum(sum, threads);
     if UNIT_POS_X == 0 {
@@ -83,6 +159,12 @@ fn combine_kernel(
     if UNIT_POS_X == 0 {
         sums[tensor] = total;
     }
+}
+
+/// Whether `t`'s device binds a group launch's buffers beside the
+/// kernel's metadata.
+fn fits_a_group(t: &CubeTensor) -> bool {
+    t.client.properties().hardware.max_bindings as usize >= GROUP + 3
 }
 
 /// Whether `t`'s buffer holds exactly its elements, in some order: rows
@@ -124,7 +206,38 @@ pub(super) fn sums_of_squares(tensors: &[BurnTensor<2>]) -> Option<BurnTensor<1>
         offsets.push(total as f32);
     }
     let partials = empty_like(first, vec![total.max(1)]);
-    for ((x, &b), offset) in inputs.iter().zip(&blocks).zip(&offsets) {
+    let groups = if fits_a_group(first) {
+        inputs.len() / GROUP
+    } else {
+        0
+    };
+    let grouped = groups * GROUP;
+    for (g, group) in inputs[..grouped].chunks_exact(GROUP).enumerate() {
+        let group_blocks: usize = blocks[g * GROUP..(g + 1) * GROUP].iter().sum();
+        if group_blocks == 0 {
+            continue;
+        }
+        let (count, dim, threads) = row_groups(&group[0], group_blocks);
+        let x = |t: usize| group[t].clone().into_tensor_arg();
+        partial_group_kernel::launch(
+            &group[0].client,
+            count,
+            dim,
+            x(0),
+            x(1),
+            x(2),
+            x(3),
+            x(4),
+            x(5),
+            x(6),
+            x(7),
+            partials.clone().into_tensor_arg(),
+            offsets[g * GROUP] as u32,
+            BLOCK_ELEMENTS,
+            threads,
+        );
+    }
+    for ((x, &b), offset) in inputs.iter().zip(&blocks).zip(&offsets).skip(grouped) {
         if b == 0 {
             continue;
         }
