@@ -31,8 +31,9 @@
 # FP32_PEAK_TFLOPS overrides the peak MFU is measured against (default 67,
 # the H200 SXM's dense float32 figure from NVIDIA's data sheet);
 # BF16_PEAK_TFLOPS that of the bf16 rows (default 989, its dense bf16
-# tensor-core figure). GPU_BENCH_PARTS picks what runs (default "check f32
-# bf16 attention"), GPU_BENCH_MODELS the models (default "smollm2-135m
+# tensor-core figure). GPU_BENCH_PARTS picks what runs (default "check
+# launches f32 bf16 attention"; "launches" counts the kernel launches of 3
+# training steps, every launch logged by cubecl's profiler), GPU_BENCH_MODELS the models (default "smollm2-135m
 # llama-1b") and GPU_BENCH_DEVICES the devices (default "cuda vulkan"); the
 # order is model by model, each on every device in turn. GPU_BENCH_BATCH is
 # the batch (default 16), GPU_BENCH_STEPS / GPU_BENCH_WARMUP the timed and
@@ -153,7 +154,7 @@ if python3 -c 'import torch.nn.attention.varlen' 2>/dev/null; then varlen=yes; f
 echo "flash_attn installed: $flash; torch.nn.attention.varlen: $varlen"
 
 devices=${GPU_BENCH_DEVICES:-cuda vulkan}
-parts=" ${GPU_BENCH_PARTS:-check f32 bf16 attention} "
+parts=" ${GPU_BENCH_PARTS:-check launches f32 bf16 attention} "
 if [[ "$parts" == *" check "* ]]; then
     # Padded = padding-free = one example at a time, logits, loss and every
     # gradient, on the device itself (the tiny preset: seconds of work).
@@ -166,6 +167,25 @@ if [[ "$parts" == *" check "* ]]; then
                 --output-dir "$out/check-$device-$precision"
             echo "$device $precision $?" >>"$out/checks.txt"
         done
+    done
+fi
+if [[ "$parts" == *" launches "* ]]; then
+    # Kernel launches a step: cubecl's profiler at its "minimal" level logs
+    # every launch (no timing) to a file, read from a cubecl.toml in the
+    # working directory; 3 training steps of the SmolLM2-135M shape.
+    abs_bin=$(realpath "$bin") abs_out=$(realpath "$out")
+    for device in $devices; do
+        dir="$abs_out/launches-$device"
+        mkdir -p "$dir"
+        printf '[profiling.logger]\nlevel = "minimal"\nfile = "%s"\n' "$dir/launches.log" >"$dir/cubecl.toml"
+        rm -f "$dir/launches.log"
+        (cd "$dir" && out=$abs_out step "kernel launches on $device (3 steps)" "$dir/train.log" \
+            "$abs_bin" train --device "$device" --config "$abs_out/smollm2-135m.json" \
+            --per-device-train-batch-size "$batch" --max-steps 3 --logging-steps 1 \
+            --save-strategy no --eval-strategy no --output-dir "$dir/run" --overwrite-output-dir)
+        sleep 1
+        count=$(grep -c '^Executing' "$dir/launches.log" 2>/dev/null)
+        echo "$device ${count:-0}" >>"$out/launches.txt"
     done
 fi
 common=(--per-device-train-batch-size "$batch" --max-steps "$steps" --timing-warmup-steps "$warmup")
@@ -278,6 +298,13 @@ lines += ["", "Device memory: padfree rows, the most its GPU runtime's pools hel
 lines += ["", "## The varlen attention alone (one layer's forward and backward a call)", "",
           "| model | device | kernel | tokens a call | ms a call | ms a step (all layers) | GFLOP/s |",
           "| --- | --- | --- | ---: | ---: | ---: | ---: |"] + (attention or ["| no result | | | | | | |"])
+launches = os.path.join(out, "launches.txt")
+if os.path.exists(launches):
+    lines += ["", "## Kernel launches (SmolLM2-135M shape, 3 training steps, cubecl's profiler)", "",
+              "| device | launches | a step |", "| --- | ---: | ---: |"]
+    for l in open(launches).read().splitlines():
+        device, count = l.split()[:2]
+        lines.append(f"| {device} | {count} | {int(count) / 3:.0f} |")
 skipped = os.path.join(out, "skipped.txt")
 if os.path.exists(skipped):
     lines += ["", "## Skipped or timed out", ""] + [f"- {l}" for l in open(skipped).read().splitlines()]

@@ -21,12 +21,12 @@ mod common;
 use common::gpu::{attention_and_grads, gpu, head_loss_and_grads, on_gpu, random};
 use common::{assert_close, examples, host, param_grads};
 use padfree_model::kernels::{
-    AdamWStep, AttentionRows, CausalMasks, RopeTables, composed_adamw_update,
+    AdamWStep, AttentionRows, CausalMasks, RopeTables, adamw_groups_fit, composed_adamw_update,
     composed_cross_entropy_sum, composed_rms_norm, composed_rope, composed_sums_of_squares,
     composed_swiglu, composed_varlen_attention, cross_entropy_sum, fused_adamw_update,
     fused_adamw_update_group, fused_sums_of_squares, head_cross_entropy_sum,
-    per_row_varlen_attention, rms_norm, rope, swiglu, tiled_by_head_varlen_attention,
-    varlen_attention,
+    per_row_varlen_attention, rms_norm, rope, sums_of_squares_groups_fit, swiglu,
+    tiled_by_head_varlen_attention, varlen_attention,
 };
 use padfree_model::tensor::{
     Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, int_tensor_nd, trainable,
@@ -325,6 +325,12 @@ fn cubecl_adamw_group_is_a_launch_a_parameter_bit_for_bit() {
         .enumerate()
         .map(|(i, &shape)| state(10 * i as u64, shape))
         .collect();
+    // Otherwise both sides would be a launch a parameter.
+    assert_eq!(
+        adamw_groups_fit(&grouped[0][0]),
+        Some(true),
+        "this device binds too few buffers for AdamW's group launch"
+    );
     let mut single = grouped.clone();
     for t in 1..=3u64 {
         let grads: Vec<Tensor<2>> = shapes
@@ -440,6 +446,11 @@ fn cubecl_sums_of_squares_in_groups_are_each_tensors_own() {
     );
     tensors.push(float_tensor(random(12, 822, 1.0), [3, 4], &device));
     assert_eq!(tensors.len(), 19);
+    assert_eq!(
+        sums_of_squares_groups_fit(&tensors[0]),
+        Some(true),
+        "this device binds too few buffers for the group launch"
+    );
     let grouped = fused_sums_of_squares(&tensors)
         .expect("a CubeCL device")
         .into_vec();

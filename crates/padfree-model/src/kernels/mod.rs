@@ -79,7 +79,7 @@ mod swiglu;
 
 pub use adamw::{AdamWState, AdamWStep, adamw_update, adamw_update_all, composed_adamw_update};
 #[cfg(feature = "cube")]
-pub use adamw::{fused_adamw_update, fused_adamw_update_group};
+pub use adamw::{adamw_groups_fit, fused_adamw_update, fused_adamw_update_group};
 pub use attention::{
     AttentionRows, BLOCK_ROWS, CausalMasks, bf16_varlen_attention, composed_padded_attention,
     composed_varlen_attention, half_varlen_attention, per_row_varlen_attention,
@@ -114,11 +114,11 @@ pub use simd::{
     Level as SimdLevel, capped as simd_capped, detected as simd_detected,
     dispatch as simd_dispatch, level as simd_level,
 };
-#[cfg(feature = "cube")]
-pub use sum_squares::fused_sums_of_squares;
 pub use sum_squares::{
     composed_sums_of_squares, host_sum_of_squares, host_sums_of_squares, sums_of_squares,
 };
+#[cfg(feature = "cube")]
+pub use sum_squares::{fused_sums_of_squares, sums_of_squares_groups_fit};
 pub use swiglu::{bf16_swiglu, bf16_swiglu_down, composed_swiglu, swiglu, swiglu_down};
 
 /// True on burn's Flex device, where the host kernels run.

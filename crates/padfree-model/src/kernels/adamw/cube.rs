@@ -101,8 +101,8 @@ fn update_kernel(
 
 /// Parameters a group launch updates: CubeCL 0.11's tensors are unsized,
 /// so a kernel cannot take a sequence of them, and the group is four
-/// named parameters (28 bindings: Vulkan and CUDA bind far more, Metal's
-/// 30 too few beside the kernel's own, [`fits_a_group`]).
+/// named parameters (28 bindings and the kernel's own two:
+/// [`fits_a_group`]).
 pub(super) const GROUP: usize = 4;
 
 /// Four parameters' update in one launch: the grid covers their elements
@@ -247,10 +247,18 @@ fn scalars(step: &AdamWStep) -> StepScalarsLaunch {
     )
 }
 
-/// Whether `p`'s device binds a group launch's 28 buffers with room to
-/// spare for the kernel's metadata and scalars (Metal's 30 does not).
+/// Whether `p`'s device binds a group launch's 28 buffers and the
+/// kernel's metadata and scalars. Lavapipe's limit, as wgpu caps it, is
+/// just enough (a margin of two more turned the groups off there).
 fn fits_a_group(p: &CubeTensor) -> bool {
-    p.client.properties().hardware.max_bindings as usize >= 7 * GROUP + 4
+    p.client.properties().hardware.max_bindings as usize >= 7 * GROUP + 2
+}
+
+/// Whether a group launch runs on `reference`'s device (`None` off burn's
+/// CubeCL backend).
+pub(super) fn groups_fit(reference: &BurnTensor<2>) -> Option<bool> {
+    let p = reference.clone().try_into_primitive::<CubeBackend>().ok()?;
+    Some(fits_a_group(&p))
 }
 
 /// [`adamw_update`] of every parameter of `states` with the same `step`:

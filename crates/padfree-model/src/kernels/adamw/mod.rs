@@ -110,6 +110,14 @@ pub fn fused_adamw_update_group(
     cube::adamw_update_group(states, grads, step)
 }
 
+/// Whether [`fused_adamw_update_group`] runs groups of parameters on
+/// `reference`'s device (it binds 30 buffers a launch), rather than a
+/// launch a parameter; `None` off a CubeCL device.
+#[cfg(feature = "cube")]
+pub fn adamw_groups_fit(reference: &Tensor<2>) -> Option<bool> {
+    cube::groups_fit(reference)
+}
+
 /// The oracle: the update in burn's tensor ops, one op per term.
 pub fn composed_adamw_update(
     [values, exp_avg, exp_avg_sq]: AdamWState,

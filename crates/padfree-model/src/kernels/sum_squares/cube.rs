@@ -167,6 +167,13 @@ fn fits_a_group(t: &CubeTensor) -> bool {
     t.client.properties().hardware.max_bindings as usize >= GROUP + 3
 }
 
+/// Whether a group launch runs on `reference`'s device (`None` off burn's
+/// CubeCL backend).
+pub(super) fn groups_fit(reference: &BurnTensor<2>) -> Option<bool> {
+    let t = reference.clone().try_into_primitive::<CubeBackend>().ok()?;
+    Some(fits_a_group(&t))
+}
+
 /// Whether `t`'s buffer holds exactly its elements, in some order: rows
 /// (contiguous) or columns (a transposed view) packed.
 fn packed(t: &CubeTensor) -> bool {

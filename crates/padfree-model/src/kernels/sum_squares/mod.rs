@@ -19,6 +19,13 @@ use crate::tensor::{Tensor, cat};
 #[cfg(feature = "cube")]
 mod cube;
 
+/// Whether [`sums_of_squares`] reads eight tensors a launch on
+/// `reference`'s device, rather than one; `None` off a CubeCL device.
+#[cfg(feature = "cube")]
+pub fn sums_of_squares_groups_fit(reference: &Tensor<2>) -> Option<bool> {
+    cube::groups_fit(reference)
+}
+
 /// Interleaved f64 accumulators of [`host_sum_of_squares`]: independent
 /// additions the CPU overlaps, where one running sum waits on every
 /// previous addition.
