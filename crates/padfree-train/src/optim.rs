@@ -2,7 +2,9 @@ use std::ops::Range;
 
 use half::bf16;
 use padfree_model::CopyToWrite;
-use padfree_model::kernels::{AdamWState, AdamWStep, adamw_update_all, round_bf16, simd_dispatch};
+use padfree_model::kernels::{
+    ADAMW_GROUP, AdamWState, AdamWStep, adamw_update_all, round_bf16, simd_dispatch,
+};
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, float_tensor};
 use rayon::prelude::*;
 
@@ -497,29 +499,34 @@ impl AdamW {
             decay: 1.0,
             ..decays
         };
-        // One launch updates several parameters with the same scalars:
-        // those that decay, then those that do not.
+        // One launch updates a group of parameters with the same scalars
+        // (those that decay, then those that do not). A group at a time,
+        // each old state dropped as its group is done: all of a class at
+        // once held every parameter's old and new values and moments on
+        // the device together (12 bytes a weight more at the peak).
         for decaying in [true, false] {
             let indices: Vec<usize> = (0..grads.len())
                 .filter(|&i| self.groups[i].decays == decaying)
                 .collect();
             let step = if decaying { &decays } else { &keeps };
-            let states: Vec<AdamWState> = indices
-                .iter()
-                .map(|&i| {
-                    [
-                        state.values[i].clone(),
-                        state.exp_avg[i].clone(),
-                        state.exp_avg_sq[i].clone(),
-                    ]
-                })
-                .collect();
-            let group_grads: Vec<Tensor<2>> = indices.iter().map(|&i| grads[i].clone()).collect();
-            let updated = adamw_update_all(states, &group_grads, step);
-            for (&i, [values, exp_avg, exp_avg_sq]) in indices.iter().zip(updated) {
-                state.values[i] = values;
-                state.exp_avg[i] = exp_avg;
-                state.exp_avg_sq[i] = exp_avg_sq;
+            for group in indices.chunks(ADAMW_GROUP) {
+                let states: Vec<AdamWState> = group
+                    .iter()
+                    .map(|&i| {
+                        [
+                            state.values[i].clone(),
+                            state.exp_avg[i].clone(),
+                            state.exp_avg_sq[i].clone(),
+                        ]
+                    })
+                    .collect();
+                let group_grads: Vec<Tensor<2>> = group.iter().map(|&i| grads[i].clone()).collect();
+                let updated = adamw_update_all(states, &group_grads, step);
+                for (&i, [values, exp_avg, exp_avg_sq]) in group.iter().zip(updated) {
+                    state.values[i] = values;
+                    state.exp_avg[i] = exp_avg;
+                    state.exp_avg_sq[i] = exp_avg_sq;
+                }
             }
         }
     }

@@ -77,7 +77,9 @@ mod simd;
 mod sum_squares;
 mod swiglu;
 
-pub use adamw::{AdamWState, AdamWStep, adamw_update, adamw_update_all, composed_adamw_update};
+pub use adamw::{
+    ADAMW_GROUP, AdamWState, AdamWStep, adamw_update, adamw_update_all, composed_adamw_update,
+};
 #[cfg(feature = "cube")]
 pub use adamw::{adamw_groups_fit, fused_adamw_update, fused_adamw_update_group};
 pub use attention::{

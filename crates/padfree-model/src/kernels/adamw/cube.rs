@@ -103,7 +103,7 @@ fn update_kernel(
 /// so a kernel cannot take a sequence of them, and the group is four
 /// named parameters (28 bindings and the kernel's own two:
 /// [`fits_a_group`]).
-pub(super) const GROUP: usize = 4;
+const GROUP: usize = super::ADAMW_GROUP;
 
 /// Four parameters' update in one launch: the grid covers their elements
 /// end to end; an invocation finds its parameter by the running sum of

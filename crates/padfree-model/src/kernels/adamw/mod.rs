@@ -20,6 +20,11 @@ use crate::tensor::Tensor;
 #[cfg(feature = "cube")]
 mod cube;
 
+/// Parameters one launch of [`adamw_update_all`] updates on a CubeCL
+/// device. A caller that hands it a group at a time keeps one group's old
+/// and new state alive at once, not every parameter's.
+pub const ADAMW_GROUP: usize = 4;
+
 /// One optimizer step's scalars, the same for every parameter of a group.
 /// The host works them out in f64 and rounds each to f32 once, as the
 /// composed path's scalar ops receive them.
