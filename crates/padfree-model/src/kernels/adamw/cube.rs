@@ -1,15 +1,14 @@
 //! The CubeCL bodies of [`super::adamw_update`] and
-//! [`super::adamw_update_group`]: one invocation per element, the terms in
+//! [`super::adamw_update_all`]: one invocation per element, the terms in
 //! the composed oracle's order, each rounded to f32 as there (a compiler
 //! may still contract a product and a sum into one FMA, so the two agree
 //! to an f32 rounding or so, not to the bit).
 //!
-//! A group launch takes up to [`GROUP`] parameters as sequences of
-//! tensors (seven bindings each): its grid covers their elements end to
-//! end, and an invocation finds its parameter by the running sum of the
-//! lengths, a comparison per parameter, unrolled. The element's
-//! arithmetic is the one-parameter kernel's, the same expression
-//! ([`update_element`]).
+//! A group launch takes [`GROUP`] parameters as named arguments (seven
+//! bindings each): its grid covers their elements end to end, and an
+//! invocation finds its parameter by the running sum of the lengths. The
+//! element's arithmetic is the one-parameter kernel's, the same expression
+//! ([`update_element()`]).
 //!
 //! # Shapes
 //! every tensor `[R, C]`, f32; the inputs in any strides, the outputs
@@ -287,10 +286,9 @@ pub(super) fn adamw_update_group(
     } else {
         0
     };
-    let (grouped, rest) = inputs.split_at(groups * GROUP);
     let wrap = |t: CubeTensor| BurnTensor::from_primitive::<CubeBackend>(t);
     let mut updated = Vec::with_capacity(inputs.len());
-    for group in grouped.chunks_exact(GROUP) {
+    for group in inputs[..groups * GROUP].chunks_exact(GROUP) {
         let outputs: Vec<[CubeTensor; 3]> = group
             .iter()
             .map(|[p, ..]| {
@@ -341,9 +339,8 @@ pub(super) fn adamw_update_group(
         );
         updated.extend(outputs.into_iter().map(|o| o.map(wrap)));
     }
-    let (states, grads) = (&states[groups * GROUP..], &grads[groups * GROUP..]);
-    debug_assert_eq!(states.len(), rest.len());
-    for (state, grad) in states.iter().zip(grads) {
+    // The last few (fewer than a group), a launch each.
+    for (state, grad) in states.iter().zip(grads).skip(groups * GROUP) {
         updated.push(adamw_update(state, grad, step)?);
     }
     Some(updated)

@@ -3,7 +3,7 @@
 //! - **Partials**: a workgroup per block of [`BLOCK_ELEMENTS`] of a
 //!   tensor's elements; each thread sums the squares of every
 //!   `threads`-th element of the block, the workgroup adds the threads'
-//!   sums in a fixed tree ([`workgroup_sum`]) and writes one partial into
+//!   sums in a fixed tree ([`workgroup_sum()`]) and writes one partial into
 //!   the shared buffer, at the tensor's offset plus the block. A launch
 //!   takes eight tensors ([`GROUP`]), the last few a launch each.
 //! - **Combine**: one launch, a workgroup per tensor, adding its partials
@@ -78,7 +78,7 @@ fn block_sum(
     sum
 }
 
-/// [`partial_kernel`] of 8 tensors in one launch: their blocks end to
+/// [`partial_kernel()`] of 8 tensors in one launch: their blocks end to
 /// end, each workgroup finding its tensor by the running sum of the
 /// block counts (the same for the whole workgroup, so the tree after it
 /// runs in uniform control flow), its partial at `offset` plus its block

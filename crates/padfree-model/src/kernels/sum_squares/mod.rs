@@ -33,7 +33,7 @@ const LANES: usize = 8;
 
 /// `sum x^2` of `values` in f64, element `i` into lane `i % 8`, the lanes
 /// then added in order: a fixed function of the values, whatever the
-/// instruction set. Compiled for the CPU's best set ([`simd::dispatch`]):
+/// instruction set. Compiled for the CPU's best set ([`super::simd::dispatch`]):
 /// built for baseline x86-64 (the eight f64 lanes in four SSE2 registers)
 /// SmolLM2-135M's 135M gradient values took 58-59 ms on 2 threads,
 /// against 39-43 ms dispatched on an AVX-512 Xeon.
