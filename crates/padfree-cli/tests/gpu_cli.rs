@@ -1,7 +1,7 @@
 //! `padfree` on a GPU through the binary (feature `wgpu`; CI runs it on
 //! Mesa's lavapipe): 5 training steps on the device against the same steps
 //! on the CPU, a GPU checkpoint resumed on the CPU, LoRA steps against the
-//! CPU's, `padfree check` on the device, `padfree bench --attention-alone`'s
+//! CPU's, gradient accumulation against the CPU and itself, `padfree check` on the device, `padfree bench --attention-alone`'s
 //! kernel rows, and a device that does not exist refused before any work.
 //!
 //! The device is `PADFREE_TEST_DEVICE` (default `vulkan`); never skipped.
@@ -19,12 +19,17 @@ fn device() -> String {
 
 /// `(step, loss)` of every logged step.
 fn losses(out: &Path) -> Vec<(u64, f64)> {
+    logged(out, "loss")
+}
+
+/// `(step, value of field)` of every logged step that has it.
+fn logged(out: &Path, field: &str) -> Vec<(u64, f64)> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
         .expect("metrics")
         .lines()
         .filter_map(|line| {
             let record: serde_json::Value = serde_json::from_str(line).expect("json line");
-            Some((record["step"].as_u64()?, record.get("loss")?.as_f64()?))
+            Some((record["step"].as_u64()?, record.get(field)?.as_f64()?))
         })
         .collect()
 }
@@ -122,6 +127,44 @@ fn five_steps_on_the_gpu_match_the_cpu_and_its_checkpoint_resumes_on_the_cpu() {
         .copied()
         .collect();
     assert_losses_close(&resumed_tail, &tail);
+}
+
+/// Gradient accumulation on the GPU: four micro-batches a step, the
+/// gradients summed on the device eight tensors a launch
+/// (`kernels::add_pairs`). Its losses and gradient norms match the CPU's,
+/// and a second run repeats the first to the bit (summed with burn's
+/// `add` a tensor at a time, the same run on lavapipe gave different
+/// gradient norms from run to run).
+#[test]
+fn gradient_accumulation_on_the_gpu_matches_the_cpu_and_repeats_to_the_bit() {
+    let dir = scratch("gpu-accumulation");
+    let runs = ["gpu", "again", "cpu"].map(|name| dir.path().join(name));
+    let accumulate = ["--gradient-accumulation-steps", "4"];
+    train(&runs[0], &device(), "3", &accumulate);
+    train(&runs[1], &device(), "3", &accumulate);
+    train(&runs[2], "cpu", "3", &accumulate);
+    let [gpu, again, cpu] = runs.each_ref().map(|out| losses(out));
+    let [gpu_norms, again_norms, cpu_norms] = runs.each_ref().map(|out| logged(out, "grad_norm"));
+    assert_eq!(gpu.len(), 3, "{gpu:?}");
+    assert_eq!(gpu_norms.len(), 3, "{gpu_norms:?}");
+    let bits = |rows: &[(u64, f64)]| {
+        rows.iter()
+            .map(|(s, v)| (*s, v.to_bits()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bits(&gpu), bits(&again), "losses: {gpu:?} then {again:?}");
+    assert_eq!(
+        bits(&gpu_norms),
+        bits(&again_norms),
+        "gradient norms: {gpu_norms:?} then {again_norms:?}"
+    );
+    assert_losses_close(&gpu, &cpu);
+    for ((step, g), (_, c)) in gpu_norms.iter().zip(&cpu_norms) {
+        assert!(
+            (g - c).abs() <= 1e-4 * c.abs(),
+            "step {step}: gradient norm {g} on the GPU, {c} on the CPU"
+        );
+    }
 }
 
 /// LoRA adapters (every linear layer, dropout on: its masks are drawn on

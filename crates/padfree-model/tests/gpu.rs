@@ -21,12 +21,12 @@ mod common;
 use common::gpu::{attention_and_grads, gpu, head_loss_and_grads, on_gpu, random};
 use common::{assert_close, examples, host, param_grads};
 use padfree_model::kernels::{
-    AdamWStep, AttentionRows, CausalMasks, RopeTables, adamw_groups_fit, composed_adamw_update,
-    composed_cross_entropy_sum, composed_rms_norm, composed_rope, composed_sums_of_squares,
-    composed_swiglu, composed_varlen_attention, cross_entropy_sum, fused_adamw_update,
-    fused_adamw_update_group, fused_sums_of_squares, head_cross_entropy_sum,
-    per_row_varlen_attention, rms_norm, rope, sums_of_squares_groups_fit, swiglu,
-    tiled_by_head_varlen_attention, varlen_attention,
+    AdamWStep, AttentionRows, CausalMasks, RopeTables, adamw_groups_fit, add_pairs_groups_fit,
+    composed_adamw_update, composed_add_pairs, composed_cross_entropy_sum, composed_rms_norm,
+    composed_rope, composed_sums_of_squares, composed_swiglu, composed_varlen_attention,
+    cross_entropy_sum, fused_adamw_update, fused_adamw_update_group, fused_add_pairs,
+    fused_sums_of_squares, head_cross_entropy_sum, per_row_varlen_attention, rms_norm, rope,
+    sums_of_squares_groups_fit, swiglu, tiled_by_head_varlen_attention, varlen_attention,
 };
 use padfree_model::tensor::{
     Device, IntoHostVec, Tensor, backward, cpu_device, float_tensor, grad, int_tensor_nd, trainable,
@@ -396,6 +396,88 @@ fn cubecl_adamw_group_is_a_launch_a_parameter_bit_for_bit() {
         .expect("nothing to do")
         .is_empty()
     );
+}
+
+/// Gradient accumulation's sums of nineteen pairs (two launches of eight,
+/// three alone) against burn's `add` a pair at a time and the host's f32
+/// sums, bit for bit: one addition per element either way. A group that
+/// reads one pair's element from another's buffer, or at the wrong
+/// offset, differs. Shapes include an empty pair inside a group, one
+/// element, a transposed view on either side (gradients arrive so) and a
+/// broadcast row.
+#[test]
+fn cubecl_gradient_sums_in_groups_are_burns_adds_bit_for_bit() {
+    let device = gpu();
+    let shapes = [
+        [1usize, 1],
+        [37, 91],
+        [0, 5],
+        [300, 100],
+        [91, 37],
+        [1, 8193],
+        [64, 129],
+        [2, 2],
+        [5000, 7],
+        [17, 17],
+        [64, 50],
+        [3, 3],
+        [100, 100],
+        [1, 2],
+        [8191, 1],
+        [40, 60],
+        [3, 4],
+        [9, 2],
+        [2, 9],
+    ];
+    let pairs: Vec<(Tensor<2>, Tensor<2>)> = shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, [rows, cols])| {
+            let seed = 900 + 2 * i as u64;
+            let plain = |seed| float_tensor(random(rows * cols, seed, 1.0), [rows, cols], &device);
+            let transposed = |seed| {
+                float_tensor(random(rows * cols, seed, 1.0), [cols, rows], &device).transpose()
+            };
+            match i {
+                // A transposed view as the running sum, then as the gradient.
+                4 => (transposed(seed), plain(seed + 1)),
+                6 => (plain(seed), transposed(seed + 1)),
+                // A row broadcast over every row.
+                10 => (
+                    plain(seed),
+                    float_tensor(random(cols, seed + 1, 1.0), [1, cols], &device)
+                        .expand([rows, cols]),
+                ),
+                _ => (plain(seed), plain(seed + 1)),
+            }
+        })
+        .collect();
+    assert_eq!(
+        add_pairs_groups_fit(&pairs[0].0),
+        Some(true),
+        "this device binds too few buffers for the group launch"
+    );
+    let grouped = fused_add_pairs(&pairs).expect("a CubeCL device");
+    let burns = composed_add_pairs(pairs.clone());
+    assert_eq!(grouped.len(), pairs.len());
+    for (i, ((sum, burn), (a, b))) in grouped.iter().zip(&burns).zip(&pairs).enumerate() {
+        assert_eq!(sum.dims(), a.dims(), "pair {i}");
+        let (sum, burn) = (sum.clone().into_vec(), burn.clone().into_vec());
+        let host: Vec<f32> = a
+            .clone()
+            .into_vec()
+            .iter()
+            .zip(b.clone().into_vec())
+            .map(|(x, y)| x + y)
+            .collect();
+        for (j, ((s, o), h)) in sum.iter().zip(&burn).zip(&host).enumerate() {
+            assert!(
+                s.to_bits() == o.to_bits() && s.to_bits() == h.to_bits(),
+                "pair {i} {:?}, element {j}: grouped {s}, burn's add {o}, host {h}",
+                a.dims()
+            );
+        }
+    }
 }
 
 /// The sums of squares of nineteen tensors (two launches of eight, three

@@ -6,7 +6,9 @@
 use rayon::prelude::*;
 
 use padfree_model::Param;
-use padfree_model::kernels::{host_sum_of_squares, host_sums_of_squares, sums_of_squares};
+use padfree_model::kernels::{
+    ADD_PAIRS_GROUP, add_pairs, host_sum_of_squares, host_sums_of_squares, sums_of_squares,
+};
 use padfree_model::tensor::{Device, IntoHostVec, Tensor, cat, float_tensor, with_host_values};
 
 use crate::comm::{Communicator, Flat};
@@ -62,18 +64,44 @@ impl GradSums {
         }
     }
 
-    /// Adds one micro-batch's gradient of parameter `index`.
-    pub(crate) fn add(&mut self, index: usize, gradient: Tensor<2>) {
-        match self {
-            Self::Host(sums) => add_on_host(&mut sums[index], gradient),
-            Self::Device(sums) => {
-                let acc = &mut sums[index];
-                *acc = Some(match acc.take() {
-                    Some(sum) => sum + gradient,
-                    None => gradient,
-                });
+    /// Adds one micro-batch's gradients, `(parameter index, gradient)` in
+    /// any order. On a device the sums already started are added eight
+    /// pairs a launch (`kernels::add_pairs`), where a sum a parameter was
+    /// a launch a parameter; a group's old sums and gradients are dropped
+    /// before the next group's sums are made, so that no more than a
+    /// group's new sums lives beside them. Each parameter's additions stay
+    /// in micro-batch order (an index met twice adds the first first).
+    pub(crate) fn add_all(&mut self, gradients: Vec<(usize, Tensor<2>)>) {
+        let sums = match self {
+            Self::Host(sums) => {
+                for (index, gradient) in gradients {
+                    add_on_host(&mut sums[index], gradient);
+                }
+                return;
+            }
+            Self::Device(sums) => sums,
+        };
+        let mut pending: Vec<(usize, (Tensor<2>, Tensor<2>))> = Vec::new();
+        let flush = |sums: &mut Vec<Option<Tensor<2>>>, pending: &mut Vec<_>| {
+            let (indices, pairs): (Vec<usize>, Vec<_>) =
+                std::mem::take(pending).into_iter().unzip();
+            for (index, sum) in indices.into_iter().zip(add_pairs(pairs)) {
+                sums[index] = Some(sum);
+            }
+        };
+        for (index, gradient) in gradients {
+            if pending.iter().any(|(i, _)| *i == index) {
+                flush(sums, &mut pending);
+            }
+            match sums[index].take() {
+                Some(sum) => pending.push((index, (sum, gradient))),
+                None => sums[index] = Some(gradient),
+            }
+            if pending.len() == ADD_PAIRS_GROUP {
+                flush(sums, &mut pending);
             }
         }
+        flush(sums, &mut pending);
     }
 
     /// A parameter no micro-batch reached has a zero gradient.

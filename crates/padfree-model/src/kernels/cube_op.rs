@@ -56,6 +56,14 @@ pub(crate) fn grid(reference: &CubeTensor, n: usize) -> (CubeCount, CubeDim) {
     (cube_count, cube_dim)
 }
 
+/// Where element `(row, col)` of `t` lies, whatever its strides: a
+/// gradient may arrive as a transposed view, read in place instead of
+/// copied first.
+#[cube]
+pub(crate) fn at(t: &Tensor<f32>, row: usize, col: usize) -> usize {
+    row * t.stride(0) + col * t.stride(1)
+}
+
 /// This workgroup's index on a grid of [`row_groups`] (or of blocks laid
 /// out the same way): past 65,535 workgroups, on the grid's second
 /// dimension.

@@ -33,10 +33,11 @@
 //! that several ops keep (a norm's output for the projections that read
 //! it; the attention's output for itself and `o_proj`).
 //!
-//! `adamw/` is AdamW's update of one parameter on a GPU in one kernel
-//! launch (the host loop in padfree-train does it on the CPU), and
-//! `sum_squares/` the gradient norm's per-tensor sums of squares on a GPU
-//! in one launch a tensor plus one.
+//! On a GPU, `adamw/` is AdamW's update, four parameters a kernel launch
+//! (the host loop in padfree-train does it on the CPU); `sum_squares/`
+//! the gradient norm's per-tensor sums of squares, eight tensors a launch
+//! plus one; `add_pairs/` gradient accumulation's sums, eight pairs a
+//! launch.
 //!
 //! `fresh.rs` hands kernels output buffers they write in full, never
 //! zeroed first (`calloc` zeroes reused memory), and `FreshArc`, a shared
@@ -53,6 +54,7 @@
 //! autodiff.
 
 mod adamw;
+mod add_pairs;
 mod attention;
 pub(crate) mod bf16;
 mod cross_entropy;
@@ -82,6 +84,9 @@ pub use adamw::{
 };
 #[cfg(feature = "cube")]
 pub use adamw::{adamw_groups_fit, fused_adamw_update, fused_adamw_update_group};
+pub use add_pairs::{ADD_PAIRS_GROUP, add_pairs, composed_add_pairs};
+#[cfg(feature = "cube")]
+pub use add_pairs::{add_pairs_groups_fit, fused_add_pairs};
 pub use attention::{
     AttentionRows, BLOCK_ROWS, CausalMasks, bf16_varlen_attention, composed_padded_attention,
     composed_varlen_attention, half_varlen_attention, per_row_varlen_attention,

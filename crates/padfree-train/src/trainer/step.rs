@@ -483,11 +483,12 @@ fn forward_backward(
         let trainable = model.trainable();
         // Every trained tensor's part of the gradient, added to its sum.
         let take = |gradients: &Gradients, _complete: usize| {
-            for (index, param) in trainable.iter().enumerate() {
-                if let Some(g) = grad(&param.value, gradients) {
-                    grads.add(index, g);
-                }
-            }
+            let parts = trainable.iter().enumerate();
+            grads.add_all(
+                parts
+                    .filter_map(|(index, param)| Some((index, grad(&param.value, gradients)?)))
+                    .collect(),
+            );
         };
         model.loss_backward_checkpointed(&input, divisor, model.head_chunk_rows(), take)?
     } else {
@@ -502,11 +503,11 @@ fn forward_backward(
         mark("backward");
         // Taken out of the container, each gradient is its buffer's only
         // owner and reaches the sums without a copy.
-        for (index, param) in trainable.iter().enumerate() {
-            if let Some(g) = take_grad(&param.value, &mut gradients) {
-                grads.add(index, g);
-            }
-        }
+        let taken = trainable
+            .iter()
+            .enumerate()
+            .filter_map(|(index, param)| Some((index, take_grad(&param.value, &mut gradients)?)));
+        grads.add_all(taken.collect());
         value
     };
     Ok(Pass {

@@ -19,16 +19,8 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{AdamWState, AdamWStep};
-use crate::kernels::cube_op::{empty_like, grid};
+use crate::kernels::cube_op::{at, empty_like, grid};
 use crate::tensor::Tensor as BurnTensor;
-
-/// Where element `(row, col)` of `t` lies, whatever its strides: a
-/// gradient may arrive as a transposed view, read in place instead of
-/// copied first.
-#[cube]
-fn at(t: &Tensor<f32>, row: usize, col: usize) -> usize {
-    row * t.stride(0) + col * t.stride(1)
-}
 
 /// The scalars of one step, as the kernels take them.
 #[derive(CubeType, CubeLaunch, Clone, Copy)]

@@ -1,0 +1,182 @@
+//! The CubeCL body of [`super::add_pairs`]: one invocation per element.
+//! A launch takes [`GROUP`] pairs as named arguments (three bindings
+//! each: CubeCL 0.11's tensors are unsized, so a kernel cannot take a
+//! sequence of them); its grid covers their elements end to end, and an
+//! invocation finds its pair by the running sum of the lengths. The last
+//! few pairs (fewer than a group) take the one-pair kernel, with the same
+//! element function ([`add_element()`]).
+//!
+//! # Shapes
+//! `a`, `b` `[R, C]` in any strides (a gradient may arrive as a
+//! transposed view, read in place); the sum contiguous.
+
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use crate::kernels::cube_op::{at, empty_like, grid};
+use crate::tensor::Tensor as BurnTensor;
+
+/// Pairs a group launch adds.
+const GROUP: usize = super::ADD_PAIRS_GROUP;
+
+/// Element `i` (row-major) of one pair's sum: both kernels' arithmetic.
+#[cube]
+fn add_element(a: &Tensor<f32>, b: &Tensor<f32>, sum: &mut Tensor<f32>, i: usize) {
+    let cols = sum.shape(1);
+    let (row, col) = (i / cols, i % cols);
+    sum[i] = a[at(a, row, col)] + b[at(b, row, col)];
+}
+
+#[cube(launch)]
+fn add_kernel(a: &Tensor<f32>, b: &Tensor<f32>, sum: &mut Tensor<f32>) {
+    let i = ABSOLUTE_POS;
+    if i < sum.len() {
+        add_element(a, b, sum, i);
+    }
+}
+
+/// Eight pairs' sums in one launch: the grid covers their elements end to
+/// end; an invocation finds its pair by the running sum of the lengths.
+#[allow(clippy::too_many_arguments)]
+#[cube(launch)]
+fn add_group_kernel(
+    a_0: &Tensor<f32>,
+    b_0: &Tensor<f32>,
+    a_1: &Tensor<f32>,
+    b_1: &Tensor<f32>,
+    a_2: &Tensor<f32>,
+    b_2: &Tensor<f32>,
+    a_3: &Tensor<f32>,
+    b_3: &Tensor<f32>,
+    a_4: &Tensor<f32>,
+    b_4: &Tensor<f32>,
+    a_5: &Tensor<f32>,
+    b_5: &Tensor<f32>,
+    a_6: &Tensor<f32>,
+    b_6: &Tensor<f32>,
+    a_7: &Tensor<f32>,
+    b_7: &Tensor<f32>,
+    sum_0: &mut Tensor<f32>,
+    sum_1: &mut Tensor<f32>,
+    sum_2: &mut Tensor<f32>,
+    sum_3: &mut Tensor<f32>,
+    sum_4: &mut Tensor<f32>,
+    sum_5: &mut Tensor<f32>,
+    sum_6: &mut Tensor<f32>,
+    sum_7: &mut Tensor<f32>,
+) {
+    let pos = ABSOLUTE_POS;
+    let end_0 = sum_0.len();
+    let end_1 = end_0 + sum_1.len();
+    let end_2 = end_1 + sum_2.len();
+    let end_3 = end_2 + sum_3.len();
+    let end_4 = end_3 + sum_4.len();
+    let end_5 = end_4 + sum_5.len();
+    let end_6 = end_5 + sum_6.len();
+    let end_7 = end_6 + sum_7.len();
+    if pos < end_0 {
+        add_element(a_0, b_0, sum_0, pos);
+    } else if pos < end_1 {
+        add_element(a_1, b_1, sum_1, pos - end_0);
+    } else if pos < end_2 {
+        add_element(a_2, b_2, sum_2, pos - end_1);
+    } else if pos < end_3 {
+        add_element(a_3, b_3, sum_3, pos - end_2);
+    } else if pos < end_4 {
+        add_element(a_4, b_4, sum_4, pos - end_3);
+    } else if pos < end_5 {
+        add_element(a_5, b_5, sum_5, pos - end_4);
+    } else if pos < end_6 {
+        add_element(a_6, b_6, sum_6, pos - end_5);
+    } else if pos < end_7 {
+        add_element(a_7, b_7, sum_7, pos - end_6);
+    }
+}
+
+/// Whether `t`'s device binds a group launch's 24 buffers and one more,
+/// the kernel's metadata.
+fn fits_a_group(t: &CubeTensor) -> bool {
+    t.client.properties().hardware.max_bindings as usize > 3 * GROUP
+}
+
+/// Whether a group launch runs on `reference`'s device (`None` off burn's
+/// CubeCL backend).
+pub(super) fn groups_fit(reference: &BurnTensor<2>) -> Option<bool> {
+    let t = reference.clone().try_into_primitive::<CubeBackend>().ok()?;
+    Some(fits_a_group(&t))
+}
+
+/// Every pair's sum: a launch per [`GROUP`] pairs, the last few a launch
+/// each; `None` if any tensor is not on burn's CubeCL backend.
+pub(super) fn add_pairs(pairs: &[(BurnTensor<2>, BurnTensor<2>)]) -> Option<Vec<BurnTensor<2>>> {
+    let primitive = |t: &BurnTensor<2>| t.clone().try_into_primitive::<CubeBackend>().ok();
+    let mut inputs = Vec::with_capacity(pairs.len());
+    for (a, b) in pairs {
+        inputs.push([primitive(a)?, primitive(b)?]);
+    }
+    let Some(first) = inputs.first() else {
+        return Some(Vec::new());
+    };
+    let groups = if fits_a_group(&first[0]) {
+        inputs.len() / GROUP
+    } else {
+        0
+    };
+    let sum_of = |[a, _]: &[CubeTensor; 2]| empty_like(a, a.meta.shape().to_vec());
+    let len = |[a, _]: &[CubeTensor; 2]| a.meta.shape().iter().product::<usize>();
+    let wrap = |t: CubeTensor| BurnTensor::from_primitive::<CubeBackend>(t);
+    let mut sums = Vec::with_capacity(inputs.len());
+    for group in inputs[..groups * GROUP].chunks_exact(GROUP) {
+        let outputs: Vec<CubeTensor> = group.iter().map(sum_of).collect();
+        let total: usize = group.iter().map(len).sum();
+        let (count, dim) = grid(&group[0][0], total);
+        let i = |t: usize, k: usize| group[t][k].clone().into_tensor_arg();
+        let o = |t: usize| outputs[t].clone().into_tensor_arg();
+        add_group_kernel::launch(
+            &group[0][0].client,
+            count,
+            dim,
+            i(0, 0),
+            i(0, 1),
+            i(1, 0),
+            i(1, 1),
+            i(2, 0),
+            i(2, 1),
+            i(3, 0),
+            i(3, 1),
+            i(4, 0),
+            i(4, 1),
+            i(5, 0),
+            i(5, 1),
+            i(6, 0),
+            i(6, 1),
+            i(7, 0),
+            i(7, 1),
+            o(0),
+            o(1),
+            o(2),
+            o(3),
+            o(4),
+            o(5),
+            o(6),
+            o(7),
+        );
+        sums.extend(outputs.into_iter().map(wrap));
+    }
+    // The last few (fewer than a group), a launch each.
+    for pair in &inputs[groups * GROUP..] {
+        let sum = sum_of(pair);
+        let (count, dim) = grid(&pair[0], len(pair));
+        add_kernel::launch(
+            &pair[0].client,
+            count,
+            dim,
+            pair[0].clone().into_tensor_arg(),
+            pair[1].clone().into_tensor_arg(),
+            sum.clone().into_tensor_arg(),
+        );
+        sums.push(wrap(sum));
+    }
+    Some(sums)
+}

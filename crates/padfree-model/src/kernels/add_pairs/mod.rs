@@ -1,0 +1,61 @@
+//! `a + b` of many pairs of tensors at once: gradient accumulation's sum
+//! of each parameter's gradient so far and the next micro-batch's. On a
+//! GPU one kernel launch adds eight pairs (`cube.rs`), where burn's `add`
+//! takes a launch a pair: 272 a micro-batch after the first for
+//! SmolLM2-135M, 34 this way. Elsewhere, and as the oracle, burn's `add`
+//! per pair ([`composed_add_pairs`]). One f32 addition per element either
+//! way, so the same bits.
+//!
+//! # Shapes
+//! each pair's `a` and `b` the same `[R, C]` (any strides); each sum
+//! `[R, C]`.
+
+use crate::tensor::Tensor;
+
+#[cfg(feature = "cube")]
+mod cube;
+
+/// Pairs one launch of [`add_pairs`] adds on a GPU.
+pub const ADD_PAIRS_GROUP: usize = 8;
+
+/// `a + b` of every pair, in order: on a CubeCL device a launch per
+/// [`ADD_PAIRS_GROUP`] pairs (the last few a launch each); elsewhere
+/// [`composed_add_pairs`].
+///
+/// # Panics
+/// If a pair's shapes differ.
+pub fn add_pairs(pairs: Vec<(Tensor<2>, Tensor<2>)>) -> Vec<Tensor<2>> {
+    for (a, b) in &pairs {
+        assert_eq!(a.dims(), b.dims(), "add_pairs: a pair of different shapes");
+    }
+    #[cfg(feature = "cube")]
+    if let Some(sums) = fused_add_pairs(&pairs) {
+        return sums;
+    }
+    composed_add_pairs(pairs)
+}
+
+/// The group kernel alone: `None` unless every tensor is on a CubeCL
+/// device (off the CPU).
+#[cfg(feature = "cube")]
+pub fn fused_add_pairs(pairs: &[(Tensor<2>, Tensor<2>)]) -> Option<Vec<Tensor<2>>> {
+    if let Some((a, _)) = pairs.first()
+        && super::attention::is_cpu(&a.device())
+    {
+        return None;
+    }
+    cube::add_pairs(pairs)
+}
+
+/// Whether [`fused_add_pairs`] adds eight pairs a launch on `reference`'s
+/// device (it binds 24 buffers a launch), rather than one; `None` off a
+/// CubeCL device.
+#[cfg(feature = "cube")]
+pub fn add_pairs_groups_fit(reference: &Tensor<2>) -> Option<bool> {
+    cube::groups_fit(reference)
+}
+
+/// The oracle: burn's `add`, a pair at a time.
+pub fn composed_add_pairs(pairs: Vec<(Tensor<2>, Tensor<2>)>) -> Vec<Tensor<2>> {
+    pairs.into_iter().map(|(a, b)| a + b).collect()
+}
