@@ -404,7 +404,8 @@ fn cubecl_adamw_group_is_a_launch_a_parameter_bit_for_bit() {
 /// reads one pair's element from another's buffer, or at the wrong
 /// offset, differs. Shapes include an empty pair inside a group, one
 /// element, a transposed view on either side (gradients arrive so) and a
-/// broadcast row.
+/// broadcast row; the sums written into fresh buffers and in place into
+/// the gradients.
 #[test]
 fn cubecl_gradient_sums_in_groups_are_burns_adds_bit_for_bit() {
     let device = gpu();
@@ -429,40 +430,65 @@ fn cubecl_gradient_sums_in_groups_are_burns_adds_bit_for_bit() {
         [9, 2],
         [2, 9],
     ];
-    let pairs: Vec<(Tensor<2>, Tensor<2>)> = shapes
-        .into_iter()
-        .enumerate()
-        .map(|(i, [rows, cols])| {
-            let seed = 900 + 2 * i as u64;
-            let plain = |seed| float_tensor(random(rows * cols, seed, 1.0), [rows, cols], &device);
-            let transposed = |seed| {
-                float_tensor(random(rows * cols, seed, 1.0), [cols, rows], &device).transpose()
-            };
-            match i {
-                // A transposed view as the running sum, then as the gradient.
-                4 => (transposed(seed), plain(seed + 1)),
-                6 => (plain(seed), transposed(seed + 1)),
-                // A row broadcast over every row.
-                10 => (
-                    plain(seed),
-                    float_tensor(random(cols, seed + 1, 1.0), [1, cols], &device)
-                        .expand([rows, cols]),
-                ),
-                _ => (plain(seed), plain(seed + 1)),
-            }
-        })
-        .collect();
+    let make_pairs = || -> Vec<(Tensor<2>, Tensor<2>)> {
+        shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, [rows, cols])| {
+                let seed = 900 + 2 * i as u64;
+                let plain =
+                    |seed| float_tensor(random(rows * cols, seed, 1.0), [rows, cols], &device);
+                let transposed = |seed| {
+                    float_tensor(random(rows * cols, seed, 1.0), [cols, rows], &device).transpose()
+                };
+                match i {
+                    // A transposed view as the running sum, then as the
+                    // gradient (in a group the second call writes in place).
+                    4 => (transposed(seed), plain(seed + 1)),
+                    12 => (plain(seed), transposed(seed + 1)),
+                    // A row broadcast over every row (never written in place).
+                    17 => (
+                        plain(seed),
+                        float_tensor(random(cols, seed + 1, 1.0), [1, cols], &device)
+                            .expand([rows, cols]),
+                    ),
+                    _ => (plain(seed), plain(seed + 1)),
+                }
+            })
+            .collect()
+    };
+    let pairs = make_pairs();
     assert_eq!(
         add_pairs_groups_fit(&pairs[0].0),
         Some(true),
         "this device binds too few buffers for the group launch"
     );
-    let grouped = fused_add_pairs(&pairs).expect("a CubeCL device");
+    // Sums into fresh buffers (this test holds every `b`), then the same
+    // pairs made again and handed over, so that the second group (and the
+    // last pairs but the broadcast) writes into its gradients in place.
+    let grouped = fused_add_pairs(pairs.clone()).expect("a CubeCL device");
+    let in_place = fused_add_pairs(make_pairs()).expect("a CubeCL device");
     let burns = composed_add_pairs(pairs.clone());
     assert_eq!(grouped.len(), pairs.len());
-    for (i, ((sum, burn), (a, b))) in grouped.iter().zip(&burns).zip(&pairs).enumerate() {
+    assert_eq!(in_place.len(), pairs.len());
+    for (i, (((sum, written), burn), (a, b))) in grouped
+        .iter()
+        .zip(&in_place)
+        .zip(&burns)
+        .zip(&pairs)
+        .enumerate()
+    {
         assert_eq!(sum.dims(), a.dims(), "pair {i}");
+        assert_eq!(written.dims(), a.dims(), "pair {i}");
+        let written = written.clone().into_vec();
         let (sum, burn) = (sum.clone().into_vec(), burn.clone().into_vec());
+        assert!(
+            written
+                .iter()
+                .zip(&sum)
+                .all(|(w, s)| w.to_bits() == s.to_bits()),
+            "pair {i}: in place differs from fresh"
+        );
         let host: Vec<f32> = a
             .clone()
             .into_vec()

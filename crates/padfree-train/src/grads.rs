@@ -66,11 +66,11 @@ impl GradSums {
 
     /// Adds one micro-batch's gradients, `(parameter index, gradient)` in
     /// any order. On a device the sums already started are added eight
-    /// pairs a launch (`kernels::add_pairs`), where a sum a parameter was
-    /// a launch a parameter; a group's old sums and gradients are dropped
-    /// before the next group's sums are made, so that no more than a
-    /// group's new sums lives beside them. Each parameter's additions stay
-    /// in micro-batch order (an index met twice adds the first first).
+    /// pairs a launch (`kernels::add_pairs`), where burn's `add` was a
+    /// launch a parameter: each sum written into its new gradient, which
+    /// the caller hands over as its buffer's only owner, and a group's old
+    /// sums dropped before the next group runs. Each parameter's additions
+    /// stay in micro-batch order (an index met twice adds the first first).
     pub(crate) fn add_all(&mut self, gradients: Vec<(usize, Tensor<2>)>) {
         let sums = match self {
             Self::Host(sums) => {

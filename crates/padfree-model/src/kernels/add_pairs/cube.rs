@@ -25,7 +25,9 @@ const GROUP: usize = super::ADD_PAIRS_GROUP;
 fn add_element(a: &Tensor<f32>, b: &Tensor<f32>, sum: &mut Tensor<f32>, i: usize) {
     let cols = sum.shape(1);
     let (row, col) = (i / cols, i % cols);
-    sum[i] = a[at(a, row, col)] + b[at(b, row, col)];
+    // `sum` is `b` itself where the sum is written in place.
+    let at_sum = row * sum.stride(0) + col * sum.stride(1);
+    sum[at_sum] = a[at(a, row, col)] + b[at(b, row, col)];
 }
 
 #[cube(launch)]
@@ -108,31 +110,74 @@ pub(super) fn groups_fit(reference: &BurnTensor<2>) -> Option<bool> {
 }
 
 /// Every pair's sum: a launch per [`GROUP`] pairs, the last few a launch
-/// each; `None` if any tensor is not on burn's CubeCL backend.
-pub(super) fn add_pairs(pairs: &[(BurnTensor<2>, BurnTensor<2>)]) -> Option<Vec<BurnTensor<2>>> {
-    let primitive = |t: &BurnTensor<2>| t.clone().try_into_primitive::<CubeBackend>().ok();
-    let mut inputs = Vec::with_capacity(pairs.len());
-    for (a, b) in pairs {
-        inputs.push([primitive(a)?, primitive(b)?]);
+/// each; the pairs back if any tensor is not on burn's CubeCL backend.
+///
+/// A group whose gradients `b` are each their buffer's only owner (and
+/// hold each element once) writes the sums into them: fresh sums for every
+/// tensor of a micro-batch made cubecl's pools hold 5,040 MiB for a
+/// SmolLM2-135M run that needed 3,842 with burn's in-place `add`. Not into
+/// the running sums `a`, as burn's `add` does: on lavapipe, with the
+/// trainer's two rayon threads, a write in place into a sum that an
+/// earlier micro-batch made gave different sums from run to run (the same
+/// kernel, aliased to `a`: 3 of 6 runs differed; on one thread 5 of 5
+/// agreed), and a write into `b`, made by this micro-batch, or into a
+/// fresh buffer did not.
+pub(super) fn add_pairs(
+    pairs: Vec<(BurnTensor<2>, BurnTensor<2>)>,
+) -> Result<Vec<BurnTensor<2>>, Pairs> {
+    // Checked on clones (dropped at once, so that each buffer's only owner
+    // stays its only owner); taken below without a copy.
+    let on_cube = |t: &BurnTensor<2>| t.clone().try_into_primitive::<CubeBackend>().is_ok();
+    if !pairs.iter().all(|(a, b)| on_cube(a) && on_cube(b)) {
+        return Err(pairs);
     }
+    let primitive = |t: BurnTensor<2>| {
+        t.try_into_primitive::<CubeBackend>()
+            .expect("checked on a clone above")
+    };
+    let inputs: Vec<[CubeTensor; 2]> = pairs
+        .into_iter()
+        .map(|(a, b)| [primitive(a), primitive(b)])
+        .collect();
     let Some(first) = inputs.first() else {
-        return Some(Vec::new());
+        return Ok(Vec::new());
     };
     let groups = if fits_a_group(&first[0]) {
         inputs.len() / GROUP
     } else {
         0
     };
-    let sum_of = |[a, _]: &[CubeTensor; 2]| empty_like(a, a.meta.shape().to_vec());
     let len = |[a, _]: &[CubeTensor; 2]| a.meta.shape().iter().product::<usize>();
+    // (An empty `b` is not: burn's overlap check underflows on a zero extent.)
+    let writable = |pair: &[CubeTensor; 2]| {
+        let b = &pair[1];
+        len(pair) > 0 && b.can_mut() && b.is_nonoverlapping()
+    };
+    let fresh = |[a, _]: &[CubeTensor; 2]| empty_like(a, a.meta.shape().to_vec());
     let wrap = |t: CubeTensor| BurnTensor::from_primitive::<CubeBackend>(t);
     let mut sums = Vec::with_capacity(inputs.len());
-    for group in inputs[..groups * GROUP].chunks_exact(GROUP) {
-        let outputs: Vec<CubeTensor> = group.iter().map(sum_of).collect();
+    let mut rest = inputs.into_iter();
+    for _ in 0..groups {
+        let group: Vec<[CubeTensor; 2]> = rest.by_ref().take(GROUP).collect();
+        // One variant of the kernel or the other for the whole group (each
+        // aliasing pattern is a kernel of its own to compile).
+        let in_place = group.iter().all(writable);
+        let outputs: Vec<CubeTensor> = if in_place {
+            group.iter().map(|[_, b]| b.clone()).collect()
+        } else {
+            group.iter().map(fresh).collect()
+        };
         let total: usize = group.iter().map(len).sum();
         let (count, dim) = grid(&group[0][0], total);
         let i = |t: usize, k: usize| group[t][k].clone().into_tensor_arg();
-        let o = |t: usize| outputs[t].clone().into_tensor_arg();
+        // Output `t` aliases input `2 t + 1` (`b_t`) in place.
+        let o = |t: usize| {
+            if in_place {
+                outputs[t].as_tensor_alias(2 * t + 1)
+            } else {
+                outputs[t].clone().into_tensor_arg()
+            }
+        };
         add_group_kernel::launch(
             &group[0][0].client,
             count,
@@ -162,21 +207,36 @@ pub(super) fn add_pairs(pairs: &[(BurnTensor<2>, BurnTensor<2>)]) -> Option<Vec<
             o(6),
             o(7),
         );
+        drop(group);
         sums.extend(outputs.into_iter().map(wrap));
     }
     // The last few (fewer than a group), a launch each.
-    for pair in &inputs[groups * GROUP..] {
-        let sum = sum_of(pair);
-        let (count, dim) = grid(&pair[0], len(pair));
+    for pair in rest {
+        let in_place = writable(&pair);
+        let sum = if in_place {
+            pair[1].clone()
+        } else {
+            fresh(&pair)
+        };
+        let (count, dim) = grid(&pair[0], len(&pair));
+        let out = if in_place {
+            sum.as_tensor_alias(1)
+        } else {
+            sum.clone().into_tensor_arg()
+        };
         add_kernel::launch(
             &pair[0].client,
             count,
             dim,
             pair[0].clone().into_tensor_arg(),
             pair[1].clone().into_tensor_arg(),
-            sum.clone().into_tensor_arg(),
+            out,
         );
         sums.push(wrap(sum));
     }
-    Some(sums)
+    Ok(sums)
 }
+
+/// Pairs handed back untouched where a tensor is not on burn's CubeCL
+/// backend.
+pub(super) type Pairs = Vec<(BurnTensor<2>, BurnTensor<2>)>;

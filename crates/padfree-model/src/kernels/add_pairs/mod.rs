@@ -29,22 +29,30 @@ pub fn add_pairs(pairs: Vec<(Tensor<2>, Tensor<2>)>) -> Vec<Tensor<2>> {
         assert_eq!(a.dims(), b.dims(), "add_pairs: a pair of different shapes");
     }
     #[cfg(feature = "cube")]
-    if let Some(sums) = fused_add_pairs(&pairs) {
-        return sums;
-    }
+    let pairs = match on_device(pairs) {
+        Ok(sums) => return sums,
+        Err(pairs) => pairs,
+    };
     composed_add_pairs(pairs)
 }
 
-/// The group kernel alone: `None` unless every tensor is on a CubeCL
-/// device (off the CPU).
+/// The group kernel, or the pairs back off a CubeCL device (on the CPU).
 #[cfg(feature = "cube")]
-pub fn fused_add_pairs(pairs: &[(Tensor<2>, Tensor<2>)]) -> Option<Vec<Tensor<2>>> {
-    if let Some((a, _)) = pairs.first()
-        && super::attention::is_cpu(&a.device())
-    {
-        return None;
+fn on_device(
+    pairs: Vec<(Tensor<2>, Tensor<2>)>,
+) -> Result<Vec<Tensor<2>>, Vec<(Tensor<2>, Tensor<2>)>> {
+    match pairs.first() {
+        Some((a, _)) if super::attention::is_cpu(&a.device()) => Err(pairs),
+        _ => cube::add_pairs(pairs),
     }
-    cube::add_pairs(pairs)
+}
+
+/// The group kernel alone: `None` unless every tensor is on a CubeCL
+/// device (off the CPU). A gradient `b` that is its buffer's only owner
+/// (nothing else holds the tensor) takes its sum in place.
+#[cfg(feature = "cube")]
+pub fn fused_add_pairs(pairs: Vec<(Tensor<2>, Tensor<2>)>) -> Option<Vec<Tensor<2>>> {
+    on_device(pairs).ok()
 }
 
 /// Whether [`fused_add_pairs`] adds eight pairs a launch on `reference`'s
