@@ -8,7 +8,8 @@
 //!
 //! # Shapes
 //! `a`, `b` `[R, C]` in any strides (a gradient may arrive as a
-//! transposed view, read in place); the sum contiguous.
+//! transposed view, read in place); the sum contiguous, or in `b`'s
+//! strides where it is written into `b`.
 
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
@@ -148,7 +149,7 @@ pub(super) fn add_pairs(
         0
     };
     let len = |[a, _]: &[CubeTensor; 2]| a.meta.shape().iter().product::<usize>();
-    // (An empty `b` is not: burn's overlap check underflows on a zero extent.)
+    // Never an empty `b`: burn's overlap check underflows on a zero extent.
     let writable = |pair: &[CubeTensor; 2]| {
         let b = &pair[1];
         len(pair) > 0 && b.can_mut() && b.is_nonoverlapping()
