@@ -33,7 +33,8 @@
 # BF16_PEAK_TFLOPS that of the bf16 rows (default 989, its dense bf16
 # tensor-core figure). GPU_BENCH_PARTS picks what runs (default "check
 # launches f32 bf16 attention"; "launches" counts the kernel launches of 3
-# training steps, every launch logged by cubecl's profiler), GPU_BENCH_MODELS the models (default "smollm2-135m
+# training steps, every launch logged by cubecl's profiler, with one and
+# with two micro-batches a step: GPU_BENCH_LAUNCH_MICRO_BATCHES), GPU_BENCH_MODELS the models (default "smollm2-135m
 # llama-1b") and GPU_BENCH_DEVICES the devices (default "cuda vulkan"); the
 # order is model by model, each on every device in turn. GPU_BENCH_BATCH is
 # the batch (default 16), GPU_BENCH_STEPS / GPU_BENCH_WARMUP the timed and
@@ -173,19 +174,25 @@ if [[ "$parts" == *" launches "* ]]; then
     # Kernel launches a step: cubecl's profiler at its "minimal" level logs
     # every launch (no timing) to a file, read from a cubecl.toml in the
     # working directory; 3 training steps of the SmolLM2-135M shape.
+    # Once with one micro-batch a step and once with two
+    # (GPU_BENCH_LAUNCH_MICRO_BATCHES), so that what a micro-batch adds
+    # (gradient accumulation's sums among it) shows too.
     abs_bin=$(realpath "$bin") abs_out=$(realpath "$out")
     for device in $devices; do
-        dir="$abs_out/launches-$device"
-        mkdir -p "$dir"
-        printf '[profiling.logger]\nlevel = "minimal"\nfile = "%s"\n' "$dir/launches.log" >"$dir/cubecl.toml"
-        rm -f "$dir/launches.log"
-        (cd "$dir" && out=$abs_out step "kernel launches on $device (3 steps)" "$dir/train.log" \
-            "$abs_bin" train --device "$device" --config "$abs_out/smollm2-135m.json" \
-            --per-device-train-batch-size "$batch" --max-steps 3 --logging-steps 1 \
-            --save-strategy no --eval-strategy no --output-dir "$dir/run" --overwrite-output-dir)
-        sleep 1
-        count=$(grep -c '^Executing' "$dir/launches.log" 2>/dev/null)
-        echo "$device ${count:-0}" >>"$out/launches.txt"
+        for micro in ${GPU_BENCH_LAUNCH_MICRO_BATCHES:-1 2}; do
+            dir="$abs_out/launches-$device-$micro"
+            mkdir -p "$dir"
+            printf '[profiling.logger]\nlevel = "minimal"\nfile = "%s"\n' "$dir/launches.log" >"$dir/cubecl.toml"
+            rm -f "$dir/launches.log"
+            (cd "$dir" && out=$abs_out step "kernel launches on $device (3 steps of $micro micro-batches)" "$dir/train.log" \
+                "$abs_bin" train --device "$device" --config "$abs_out/smollm2-135m.json" \
+                --per-device-train-batch-size "$batch" --gradient-accumulation-steps "$micro" \
+                --max-steps 3 --logging-steps 1 \
+                --save-strategy no --eval-strategy no --output-dir "$dir/run" --overwrite-output-dir)
+            sleep 1
+            count=$(grep -c '^Executing' "$dir/launches.log" 2>/dev/null)
+            echo "$device ${count:-0} $micro" >>"$out/launches.txt"
+        done
     done
 fi
 common=(--per-device-train-batch-size "$batch" --max-steps "$steps" --timing-warmup-steps "$warmup")
@@ -301,10 +308,12 @@ lines += ["", "## The varlen attention alone (one layer's forward and backward a
 launches = os.path.join(out, "launches.txt")
 if os.path.exists(launches):
     lines += ["", "## Kernel launches (SmolLM2-135M shape, 3 training steps, cubecl's profiler)", "",
-              "| device | launches | a step |", "| --- | ---: | ---: |"]
+              "| device | micro-batches a step | launches | a step |", "| --- | ---: | ---: | ---: |"]
     for l in open(launches).read().splitlines():
-        device, count = l.split()[:2]
-        lines.append(f"| {device} | {count} | {int(count) / 3:.0f} |")
+        fields = l.split()
+        device, count = fields[:2]
+        micro = fields[2] if len(fields) > 2 else "1"
+        lines.append(f"| {device} | {micro} | {count} | {int(count) / 3:.0f} |")
 skipped = os.path.join(out, "skipped.txt")
 if os.path.exists(skipped):
     lines += ["", "## Skipped or timed out", ""] + [f"- {l}" for l in open(skipped).read().splitlines()]
