@@ -293,4 +293,65 @@ mod tests {
         assert_eq!(one.to_bits(), by_chunk.to_bits());
         assert!((one - serial).abs() <= 1e-12 * serial, "{one} vs {serial}");
     }
+
+    /// The device sums' bookkeeping (run here on CPU tensors, where
+    /// `add_pairs` falls back to burn's `add`): twenty parameters over
+    /// three micro-batches, handed in shuffled orders, some missing from a
+    /// micro-batch, one handed twice in a call, so that groups of eight
+    /// fill, flush early on a repeated index and flush the rest at the
+    /// end. Every sum is its parameter's gradients added in the order
+    /// they came, bit for bit.
+    #[test]
+    fn device_sums_add_every_gradient_once_in_order() {
+        use padfree_model::tensor::cpu_device;
+        let device = cpu_device(false);
+        let params = 20;
+        let value = |micro: usize, index: usize, part: usize| {
+            ((micro * 31 + index * 7 + part * 3) % 17) as f32 * 0.37 + 0.011
+        };
+        let gradient = |micro: usize, index: usize, part: usize| {
+            let values: Vec<f32> = (0..6)
+                .map(|e| value(micro, index, part) * (e as f32 + 1.5))
+                .collect();
+            float_tensor(values, [2, 3], &device)
+        };
+        let mut grads = GradSums::new(true, params);
+        let mut expected: Vec<Option<Vec<f32>>> = vec![None; params];
+        for micro in 0..3 {
+            // Parameter 5 skips micro-batch 0; parameter 11 comes twice in
+            // micro-batch 1.
+            let mut order: Vec<(usize, usize)> = (0..params)
+                .filter(|&i| !(micro == 0 && i == 5))
+                .map(|i| ((i * 7 + micro * 3) % params, 0))
+                .collect();
+            if micro == 1 {
+                order.insert(3, (11, 1));
+            }
+            let handed: Vec<(usize, Tensor<2>)> = order
+                .iter()
+                .map(|&(i, part)| (i, gradient(micro, i, part)))
+                .collect();
+            for (i, g) in &handed {
+                let g = g.clone().into_vec();
+                expected[*i] = Some(match expected[*i].take() {
+                    Some(sum) => sum.iter().zip(&g).map(|(a, b)| a + b).collect(),
+                    None => g,
+                });
+            }
+            grads.add_all(handed);
+        }
+        let GradSums::Device(sums) = grads else {
+            unreachable!("device sums")
+        };
+        for (i, (sum, want)) in sums.into_iter().zip(expected).enumerate() {
+            let sum = sum.expect("every parameter reached").into_vec();
+            let want = want.expect("every parameter reached");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&sum),
+                bits(&want),
+                "parameter {i}: {sum:?} vs {want:?}"
+            );
+        }
+    }
 }
