@@ -16,7 +16,7 @@
 mod common;
 
 use common::{assert_close, examples};
-use padfree_model::tensor::{Gradients, IntoHostVec, backward, cpu_device, grad};
+use padfree_model::tensor::{Gradients, IntoHostVec, backward, cpu_device, take_grad};
 use padfree_model::{LlamaConfig, LlamaModel, LoraConfig, LoraTarget, ModelInput};
 use padfree_pack::{flatten, pad};
 
@@ -25,9 +25,9 @@ use padfree_pack::{flatten, pad};
 fn oracle(model: &LlamaModel, input: &ModelInput<'_>, divisor: f64) -> (f32, Vec<Vec<f32>>) {
     let loss = model.loss_sum(input).expect("loss");
     let value = loss.sum.clone().into_vec()[0];
-    let grads = backward(&loss.sum.div_scalar(divisor));
+    let mut grads = backward(&loss.sum.div_scalar(divisor));
     let mut sums = zeros(model);
-    add(model, &mut sums, &grads);
+    add(model, &mut sums, &mut grads);
     (value, sums)
 }
 
@@ -45,12 +45,7 @@ fn recomputed(
     let mut reached: Vec<(Vec<usize>, usize)> = Vec::new();
     let value = model
         .loss_backward_checkpointed(input, divisor, head_chunk_rows, |g, done| {
-            add(model, &mut sums, g);
-            let touched = (model.trainable().iter().enumerate())
-                .filter(|(_, p)| grad(&p.value, g).is_some())
-                .map(|(i, _)| i)
-                .collect();
-            reached.push((touched, done));
+            reached.push((add(model, &mut sums, g), done));
             parts += 1;
         })
         .expect("checkpointed pass");
@@ -90,14 +85,19 @@ fn zeros(model: &LlamaModel) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn add(model: &LlamaModel, sums: &mut [Vec<f32>], part: &Gradients) {
-    for (sum, p) in sums.iter_mut().zip(model.trainable()) {
-        if let Some(g) = grad(&p.value, part) {
+/// Takes every trained tensor's gradient out of `part` (as the trainer
+/// does) and adds it to its sum: the indices of those it held.
+fn add(model: &LlamaModel, sums: &mut [Vec<f32>], part: &mut Gradients) -> Vec<usize> {
+    let mut reached = Vec::new();
+    for (index, (sum, p)) in sums.iter_mut().zip(model.trainable()).enumerate() {
+        if let Some(g) = take_grad(&p.value, part) {
             for (s, v) in sum.iter_mut().zip(g.into_vec()) {
                 *s += v;
             }
+            reached.push(index);
         }
     }
+    reached
 }
 
 fn assert_same(model: &LlamaModel, what: &str) {

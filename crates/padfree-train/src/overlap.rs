@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use padfree_model::LlamaModel;
-use padfree_model::tensor::{Gradients, grad};
+use padfree_model::tensor::{Gradients, take_grad};
 use padfree_pack::Example;
 
 use crate::AttentionMode;
@@ -161,9 +161,9 @@ fn checkpointed_pass(
     let input = collated.input();
     let fed_tokens = input.input_ids().len();
     let trainable = model.trainable();
-    let take = |gradients: &Gradients, complete: usize| {
+    let take = |gradients: &mut Gradients, complete: usize| {
         for (index, param) in trainable.iter().enumerate() {
-            if let Some(g) = grad(&param.value, gradients) {
+            if let Some(g) = take_grad(&param.value, gradients) {
                 add_on_host(&mut handover.sums[index], g);
             }
         }

@@ -35,7 +35,7 @@
 use crate::error::ModelError;
 use crate::input::ModelInput;
 use crate::loss::{HEAD_CHUNK_BYTES, LabelRows};
-use crate::tensor::{Gradients, Tensor, backward, grad, trainable};
+use crate::tensor::{Gradients, Tensor, backward, take_grad, trainable};
 use crate::weights::table::index;
 
 use std::ops::Range;
@@ -82,10 +82,15 @@ impl LlamaModel {
     /// Forward and backward of one batch with per-layer recomputation: the
     /// summed loss (as [`Self::loss_sum`]'s `sum`) is returned, and the
     /// gradients of `loss_sum / divisor` arrive in parts, each segment's
-    /// [`Gradients`] handed to `take` once (a parameter may appear in
+    /// [`Gradients`] lent to `take` once (a parameter may appear in
     /// several parts: add them), with the number of leading
     /// [`Self::gradient_buckets`] complete once that part is added (it
-    /// only grows; a batch without labels hands over no part). The LoRA dropout masks are the model's
+    /// only grows; a batch without labels hands over no part). The
+    /// container is lent mutably, and the segment's input gradient is
+    /// already out of it, so `take` may take every gradient out
+    /// ([`take_grad`]): each is then its buffer's only owner, and sums
+    /// (the GPU's in-place group additions, the host's) need no copy.
+    /// The LoRA dropout masks are the model's
     /// (its dropout draw), the same in the forward pass and the recomputation.
     /// The head runs on `head_chunk_rows` labelled rows at a time
     /// ([`Self::head_chunk_rows`] keeps a chunk's logits to
@@ -95,7 +100,7 @@ impl LlamaModel {
         input: &ModelInput<'_>,
         divisor: f64,
         head_chunk_rows: usize,
-        mut take: impl FnMut(&Gradients, usize),
+        mut take: impl FnMut(&mut Gradients, usize),
     ) -> Result<f32, ModelError> {
         let layers = self.config.num_hidden_layers;
         // The inputs of every layer and of the final norm, `L + 1` of
@@ -136,9 +141,12 @@ impl LlamaModel {
             let normed = self.final_norm().forward(kept)?;
             let loss = self.head_loss_sum(normed, &chunk)?;
             loss_sum += loss.value();
-            let gradients = backward(&loss.sum.div_scalar(divisor));
-            take(&gradients, if at == last_chunk { head_buckets } else { 0 });
-            upstream = add(upstream, grad(&leaf, &gradients));
+            let mut gradients = backward(&loss.sum.div_scalar(divisor));
+            upstream = add(upstream, take_grad(&leaf, &mut gradients));
+            take(
+                &mut gradients,
+                if at == last_chunk { head_buckets } else { 0 },
+            );
         }
 
         // The layers, last to first, each recomputed on the graph.
@@ -153,9 +161,9 @@ impl LlamaModel {
                     .forward(leaf.clone(), rope, layout)?;
                 // d(sum(out * g))/d(out) = g: the upstream gradient seeds
                 // this segment's backward pass.
-                let gradients = backward(&(out * Tensor::from_inner(g)).sum());
-                take(&gradients, head_buckets + layers - layer);
-                upstream = grad(&leaf, &gradients);
+                let mut gradients = backward(&(out * Tensor::from_inner(g)).sum());
+                upstream = take_grad(&leaf, &mut gradients);
+                take(&mut gradients, head_buckets + layers - layer);
             }
             Ok(())
         })?;
@@ -164,8 +172,8 @@ impl LlamaModel {
         if self.params[index::EMBEDDING].value.is_require_grad()
             && let Some(g) = upstream
         {
-            let gradients = backward(&(self.embed(input)? * Tensor::from_inner(g)).sum());
-            take(&gradients, head_buckets + layers + 1);
+            let mut gradients = backward(&(self.embed(input)? * Tensor::from_inner(g)).sum());
+            take(&mut gradients, head_buckets + layers + 1);
         }
         Ok(loss_sum)
     }

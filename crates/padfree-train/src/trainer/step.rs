@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use padfree_model::tensor::{
-    Gradients, IntoHostVec, Tensor, backward, float_tensor, grad, take_grad, trainable,
+    Gradients, IntoHostVec, Tensor, backward, float_tensor, take_grad, trainable,
 };
 use padfree_model::{DropoutDraw, LlamaModel};
 use padfree_pack::{Example, ExampleSet, PackError};
@@ -481,12 +481,14 @@ fn forward_backward(
     let divisor = window_label_tokens as f64;
     let loss_sum = if gradient_checkpointing {
         let trainable = model.trainable();
-        // Every trained tensor's part of the gradient, added to its sum.
-        let take = |gradients: &Gradients, _complete: usize| {
+        // Every trained tensor's part of the gradient, taken out of the
+        // segment's container (its buffer's only owner, as on the plain
+        // path) and added to its sum.
+        let take = |gradients: &mut Gradients, _complete: usize| {
             let parts = trainable.iter().enumerate();
             grads.add_all(
                 parts
-                    .filter_map(|(index, param)| Some((index, grad(&param.value, gradients)?)))
+                    .filter_map(|(index, param)| Some((index, take_grad(&param.value, gradients)?)))
                     .collect(),
             );
         };
