@@ -122,7 +122,8 @@ pub(super) fn groups_fit(reference: &BurnTensor<2>) -> Option<bool> {
 /// earlier micro-batch made gave different sums from run to run (the same
 /// kernel, aliased to `a`: 3 of 6 runs differed; on one thread 5 of 5
 /// agreed), and a write into `b`, made by this micro-batch, or into a
-/// fresh buffer did not.
+/// fresh buffer did not. (The trainer's device steps now run on the
+/// calling thread, one stream; the rule stays, as other callers may not.)
 pub(super) fn add_pairs(
     pairs: Vec<(BurnTensor<2>, BurnTensor<2>)>,
 ) -> Result<Vec<BurnTensor<2>>, Pairs> {
