@@ -531,7 +531,9 @@ fn forward_backward(
 /// took a micro-batch put its launches on that worker's stream, while the
 /// weights, the update and the next micro-batch were on others; every
 /// buffer crossing streams then waits on an event, and each stream's
-/// buffers came from pools of their own. On one thread the whole step is
+/// buffers came from pools of their own (cubecl 0.11's wgpu and CUDA
+/// streams each own a `MemoryManagement`: their `compute/stream.rs`).
+/// On one thread the whole step is
 /// one stream, in program order: a SmolLM2-135M run on lavapipe (two
 /// micro-batches a step) held 3,061 MiB of pools in every run, where on
 /// the workers it held 3,832 or 4,386 from run to run, the same values.
