@@ -529,8 +529,8 @@ fn forward_backward(
 /// Not on a GPU (`on_device`), where `f` runs on the calling thread:
 /// cubecl gives each OS thread a stream of its own, and whichever worker
 /// took a micro-batch put its launches on that worker's stream, while the
-/// weights, the update and the next micro-batch were on others; every
-/// buffer crossing streams then waits on an event, and each stream's
+/// weights, the update and the next micro-batch were on others; a buffer
+/// crossing streams then has them synchronised, and each stream's
 /// buffers came from pools of their own (cubecl 0.11's wgpu and CUDA
 /// streams each own a `MemoryManagement`: their `compute/stream.rs`).
 /// On one thread the whole step is
