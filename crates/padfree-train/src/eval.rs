@@ -15,6 +15,7 @@ use crate::collate::Collated;
 use crate::comm::Communicator;
 use crate::config::{AttentionMode, SaveStrategy};
 use crate::error::TrainError;
+use crate::workers::on_workers;
 
 /// When to evaluate (HF `eval_strategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,7 +167,9 @@ pub fn evaluate(
         .skip(comm.rank())
         .step_by(comm.world_size().max(1))
     {
-        let (loss, tokens) = loss_sum(model, batch, attention)?;
+        // On the CPU inside rayon's pool, as a training step: the
+        // forward pass's parallel calls then start without a hand-over.
+        let (loss, tokens) = on_workers(!model.on_cpu(), || loss_sum(model, batch, attention))?;
         sums[0] += loss;
         sums[1] += tokens as f64;
     }

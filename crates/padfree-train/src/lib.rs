@@ -26,7 +26,9 @@
 //!   the device (norm, rank exchange); `optim.rs`: AdamW on the host, and its
 //!   values and moments on a GPU; `best_model.rs`: the run's best model;
 //!   `overlap.rs`: the exchange bucket by bucket under the recomputed
-//!   backward pass (`ddp_overlap`).
+//!   backward pass (`ddp_overlap`); `workers.rs`: where a step's and an
+//!   evaluation's passes run (rayon's pool on the CPU, the calling thread
+//!   on a GPU).
 //!
 //! - `trainer/`: the [`Trainer`] as parts that each own their state (the
 //!   step's engine, the course of batches, progress, evaluation and the best
@@ -35,7 +37,7 @@
 //!
 //! Modules depend one way: `trainer` -> `checkpoint`, `outputs` -> `state`
 //! -> `metrics` -> `best_model`; `trainer` -> `eval` -> `collate`, `grads`,
-//! `optim`; `trainer` -> `overlap` -> `collate`, `grads`; nothing imports
+//! `optim`, `workers`; `trainer` -> `overlap` -> `collate`, `grads`; nothing imports
 //! `trainer`, and inside it no part imports `trainer/mod.rs` (the CI's
 //! import-circle check holds both).
 
@@ -56,6 +58,7 @@ mod plan;
 mod schedule;
 mod state;
 mod trainer;
+mod workers;
 
 pub use best_model::BestModel;
 pub use comm::{CommError, Communicator, LocalGroup, SingleProcess};
